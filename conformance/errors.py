@@ -1,0 +1,64 @@
+"""Error classes shared by every backend.
+
+Both ref_torch and ref_jax raise these same classes, so a caller (or a conformance case with
+`[expected] error = "InputError"`) sees one error vocabulary whichever framework ran. Every message is
+one line that names the field, tensor or file and says what was expected.
+"""
+
+from __future__ import annotations
+
+
+class TwinstepError(Exception):
+    """Base class: a user-facing, one-line error. The CLI prints it without a traceback."""
+
+    def __init__(self, message: str) -> None:
+        # One line, always: a multi-line message would break logs and the CLI contract.
+        super().__init__(" ".join(str(message).split()))
+
+
+class ConfigError(TwinstepError, ValueError):
+    """A config (or `--set` override) is malformed: unknown key, wrong type, out-of-range value."""
+
+
+class CaseError(TwinstepError, ValueError):
+    """A conformance case file is malformed; the message names the file and the key."""
+
+
+class InputError(TwinstepError, ValueError):
+    """Data handed to a loss or model is invalid (labels out of range, silent broadcasting, NaN …)."""
+
+
+class UnsupportedError(TwinstepError):
+    """A backend does not implement a feature or case kind (yet)."""
+
+
+class NonFiniteError(TwinstepError, FloatingPointError):
+    """A loss or gradient went non-finite under `on_nonfinite = "raise"`, or too many updates were skipped."""
+
+
+class CheckpointError(TwinstepError):
+    """A checkpoint cannot be written or read."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint fails its integrity check (hash mismatch, truncated or missing file)."""
+
+
+class CheckpointRejected(CheckpointError):
+    """A checkpoint is refused before anything is read (unsafe path, permissions, symlink, foreign format)."""
+
+
+ERROR_CLASSES: dict[str, type[TwinstepError]] = {
+    cls.__name__: cls
+    for cls in (
+        TwinstepError,
+        ConfigError,
+        CaseError,
+        InputError,
+        UnsupportedError,
+        NonFiniteError,
+        CheckpointError,
+        CheckpointCorruptError,
+        CheckpointRejected,
+    )
+}

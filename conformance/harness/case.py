@@ -1,0 +1,196 @@
+"""Conformance case files (CONTRACT.md §3): loading and strict validation.
+
+A case is one TOML file: a header (id, kind, source, dtype, backends), the spec tables it needs
+(same schema as a training config), `[inputs]`, `[expected]` and an optional `[tolerance]`.
+Every problem is reported as one `CaseError` line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from conformance.errors import CaseError, ConfigError
+from conformance.spec import SECTIONS, Config, load_toml
+from conformance.spec.base import NonNegative, Section, validate
+
+KINDS: tuple[str, ...] = ("loss", "schedule", "optimizer", "clip", "accumulate", "loss_scale", "train")
+BACKENDS: tuple[str, ...] = ("torch", "jax", "oracle")
+CASE_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+
+DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {  # dtype -> (atol, rtol), CONTRACT.md §3
+    "float64": (1e-12, 1e-10),
+    "float32": (1e-6, 1e-5),
+    "bfloat16": (1e-3, 1e-2),
+    "float16": (1e-3, 1e-2),
+}
+
+CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+
+
+class Tolerance(Section):
+    atol: NonNegative
+    rtol: NonNegative = 0.0
+
+
+class ExpectedError(Section):
+    """`[expected]` of a case that must fail: the error class and a substring of its message."""
+
+    error: str
+    message: str = ""
+
+
+class CaseHeader(Section):
+    """The keys every case has; spec tables, inputs and expected are checked per kind."""
+
+    model_config = ConfigDict(extra="allow")  # the section tables; checked against SECTIONS below
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*(/[A-Za-z0-9_.\-=\[\]]+)+$")
+    kind: Literal["loss", "schedule", "optimizer", "clip", "accumulate", "loss_scale", "train"]
+    source: str = Field(min_length=1)
+    description: str = ""
+    dtype: Literal["float64", "float32", "bfloat16", "float16"] = "float64"
+    backends: list[Literal["torch", "jax", "oracle"]] = Field(default_factory=lambda: list(BACKENDS))
+    tolerance: Tolerance | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    expected: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A validated case. `sections` holds the spec tables present in the file, validated."""
+
+    id: str
+    kind: str
+    source: str
+    path: Path
+    dtype: str
+    backends: tuple[str, ...]
+    sections: dict[str, Any]
+    inputs: Any
+    expected: Any
+    raw_expected: dict[str, Any]
+    atol: float
+    rtol: float
+    description: str = ""
+    config: Config | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expects_error(self) -> bool:
+        return isinstance(self.expected, ExpectedError)
+
+
+def kind_module(kind: str) -> ModuleType | None:
+    """The harness plugin for a case kind, or None if this harness has none yet."""
+    name = f"conformance.harness.kinds.{kind}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+
+
+def parse_case(data: dict[str, Any], path: Path) -> Case:
+    """Validate a parsed case file. Raises CaseError('<file>: <key> <problem>')."""
+    where = f"{path}: "
+    header = _validate(CaseHeader, data, where)
+    extras = dict(header.model_extra or {})
+    module = kind_module(header.kind)
+    sections: dict[str, Any] = {}
+    config: Config | None = None
+    if header.kind == "train":
+        config = _train_config(extras, where)
+        sections = {name: getattr(config, name) for name in SECTIONS}
+    else:
+        for name, table in extras.items():
+            if name not in SECTIONS:
+                known = ", ".join(["id", "kind", "source", "description", "dtype", "backends",
+                                   "inputs", "expected", "tolerance", *SECTIONS])
+                raise CaseError(f"{where}{name} is not a known key; known keys: {known}")
+            sections[name] = _validate(SECTIONS[name], table, where, prefix=name)
+    raw_expected = header.expected
+    if "error" in raw_expected:
+        expected: Any = _validate(ExpectedError, raw_expected, where, prefix="expected")
+        inputs: Any = header.inputs
+        if module is not None and hasattr(module, "Inputs"):
+            inputs = _validate(module.Inputs, header.inputs, where, prefix="inputs")
+    elif module is None:
+        inputs, expected = header.inputs, raw_expected
+    else:
+        for name in getattr(module, "REQUIRED_SECTIONS", ()):
+            if name not in sections:
+                raise CaseError(f"{where}[{name}] is required for kind = {header.kind!r}")
+        inputs = _validate(module.Inputs, header.inputs, where, prefix="inputs")
+        expected = _validate(module.Expected, raw_expected, where, prefix="expected")
+    if header.tolerance is not None:
+        atol, rtol = header.tolerance.atol, header.tolerance.rtol
+    else:
+        atol, rtol = DEFAULT_TOLERANCE[header.dtype]
+    case = Case(
+        id=header.id, kind=header.kind, source=header.source, path=path, dtype=header.dtype,
+        backends=tuple(dict.fromkeys(header.backends)), sections=sections, inputs=inputs,
+        expected=expected, raw_expected=raw_expected, atol=atol, rtol=rtol,
+        description=header.description, config=config,
+    )
+    check = getattr(module, "check_case", None)
+    if check is not None and not case.expects_error:
+        try:
+            check(case)
+        except (CaseError, ConfigError, ValueError) as exc:
+            raise CaseError(f"{where}{exc}") from None
+    return case
+
+
+def _train_config(extras: dict[str, Any], where: str) -> Config:
+    try:
+        return validate(Config, extras)
+    except ConfigError as exc:
+        raise CaseError(f"{where}{exc}") from None
+
+
+def _validate(model: type, data: Any, where: str, prefix: str = "") -> Any:
+    try:
+        return validate(model, data, prefix=prefix, error=CaseError)
+    except CaseError as exc:
+        raise CaseError(f"{where}{exc}") from None
+
+
+def load_case(path: str | Path) -> Case:
+    path = Path(path)
+    return parse_case(load_toml(path, error=CaseError), path)
+
+
+def find_case_files(dirs: list[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for d in dirs:
+        d = Path(d)
+        if d.is_file():
+            files.append(d)
+        elif d.is_dir():
+            files.extend(sorted(p for p in d.rglob("*.toml") if p.is_file()))
+        else:
+            raise CaseError(f"{d}: no such case file or directory")
+    return files
+
+
+def load_cases(dirs: list[str | Path] | None = None, only: list[str] | None = None) -> list[Case]:
+    """All cases under `dirs` (default: the bundled suite), filtered by id globs, sorted by id."""
+    files = find_case_files(list(dirs) if dirs else [CASES_DIR])
+    cases: dict[str, Case] = {}
+    for path in files:
+        case = load_case(path)
+        if case.id in cases:
+            raise CaseError(f"{path}: id {case.id!r} is already used by {cases[case.id].path}")
+        cases[case.id] = case
+    selected = [
+        c for c in cases.values() if not only or any(fnmatch.fnmatchcase(c.id, g) for g in only)
+    ]
+    return sorted(selected, key=lambda c: c.id)

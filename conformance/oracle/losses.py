@@ -1,0 +1,181 @@
+"""Losses in NumPy float64, value and gradient, written from the equations (torch's semantics).
+
+Notation: x is the prediction, y the target, m an optional element mask. Every loss is first an
+element-wise loss ℓ_i (shape: the prediction without its class dimension for cross_entropy/nll,
+else the prediction's shape) and an element count weight c_i. Then, over unmasked elements,
+
+    sum = Σ_i m_i ℓ_i,    count = Σ_i m_i c_i,    mean = sum / count.
+
+c_i is 1, except for class-index targets with class weights w, where c_i = w_{y_i} (torch's
+weighted mean), and ignored targets (y_i = ignore_index), where ℓ_i = c_i = 0. For kl_div,
+`batchmean` divides the sum by the batch size instead. `grad` is d(value)/dx; for
+reduction = "none" it is d(Σ value)/dx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from conformance.spec.loss import LossSpec
+from conformance.validate import check_loss_inputs, class_dim, is_index_target
+
+GradFn = Callable[[np.ndarray], np.ndarray]  # upstream weights u (element shape) -> d(Σ u ℓ)/dx
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log p_k = x_k - log Σ_c exp(x_c), over the last axis."""
+    top = x.max(axis=-1, keepdims=True)
+    return x - (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))
+
+
+def log_sigmoid(x: np.ndarray) -> np.ndarray:
+    """log σ(x) = min(x, 0) - log(1 + exp(-|x|)), stable for large |x|."""
+    return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
+
+
+def _cross_entropy(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
+    """ℓ_i = (1-ε)·(−w_{y_i} log p_{i,y_i}) + (ε/C)·Σ_c (−w_c log p_{i,c})   (class indices)
+    ℓ_i = −Σ_c w_c q'_{i,c} log p_{i,c},  q' = (1-ε) q + ε/C                 (probabilities q)"""
+    cdim = class_dim(x)
+    z = np.moveaxis(x, cdim, -1)  # classes last
+    n_classes = z.shape[-1]
+    eps = spec.label_smoothing
+    logp = log_softmax(z)
+    p = np.exp(logp)
+    wc = np.ones(n_classes) if w is None else w
+    if not is_index_target(spec, x, y):
+        q = np.moveaxis(y, cdim, -1) * (1 - eps) + eps / n_classes
+        ell = -(wc * q * logp).sum(-1)
+        count = np.ones(ell.shape)
+
+        def grad(u: np.ndarray) -> np.ndarray:
+            # d(−Σ_c w_c q_c log p_c)/dz_k = p_k Σ_c w_c q_c − w_k q_k
+            g = p * (wc * q).sum(-1, keepdims=True) - wc * q
+            return np.moveaxis(g * u[..., None], -1, cdim)
+
+        return ell, count, grad
+    valid = y != spec.ignore_index
+    safe = np.where(valid, y, 0)
+    onehot = np.eye(n_classes)[safe]
+    wy = np.where(valid, wc[safe], 0.0)
+    nll = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    smooth = -(wc * logp).sum(-1)
+    ell = np.where(valid, (1 - eps) * wy * nll + (eps / n_classes) * smooth, 0.0)
+
+    def grad(u: np.ndarray) -> np.ndarray:
+        # d(−log p_j)/dz_k = p_k − δ_jk
+        g = (1 - eps) * wy[..., None] * (p - onehot) + (eps / n_classes) * (wc.sum() * p - wc)
+        return np.moveaxis(np.where(valid[..., None], g, 0.0) * u[..., None], -1, cdim)
+
+    return ell, wy if w is not None else valid.astype(np.float64), grad
+
+
+def _nll(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
+    """ℓ_i = −w_{y_i} x_{i,y_i}   (x holds log-probabilities)"""
+    cdim = class_dim(x)
+    z = np.moveaxis(x, cdim, -1)
+    n_classes = z.shape[-1]
+    wc = np.ones(n_classes) if w is None else w
+    valid = y != spec.ignore_index
+    safe = np.where(valid, y, 0)
+    wy = np.where(valid, wc[safe], 0.0)
+    ell = -wy * np.take_along_axis(z, safe[..., None], -1)[..., 0]
+
+    def grad(u: np.ndarray) -> np.ndarray:
+        return np.moveaxis(-(wy * u)[..., None] * np.eye(n_classes)[safe], -1, cdim)
+
+    return ell, wy if w is not None else valid.astype(np.float64), grad
+
+
+def _bce_with_logits(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
+    """ℓ = w·[(1−y)·x − (1 + (pw−1)·y)·log σ(x)]"""
+    pw = np.ones(x.shape[-1]) if spec.pos_weight is None else np.asarray(spec.pos_weight, np.float64)
+    wt = np.ones_like(x) if w is None else np.broadcast_to(w, x.shape)
+    coef = 1 + (pw - 1) * y
+    ell = wt * ((1 - y) * x - coef * log_sigmoid(x))
+    # d/dx: (1−y) − (1 + (pw−1)y)·σ(−x), since d log σ(x)/dx = σ(−x)
+    dx = wt * ((1 - y) - coef * np.exp(log_sigmoid(-x)))
+    return ell, np.ones(x.shape), lambda u: dx * u
+
+
+def _regression(spec: LossSpec, x: np.ndarray, y: np.ndarray):
+    """mse: e²; l1: |e|; huber: ½e² if |e| ≤ δ else δ(|e| − ½δ);
+    smooth_l1: ½e²/β if |e| < β else |e| − ½β (β = 0 is l1); with e = x − y."""
+    e = x - y
+    a = np.abs(e)
+    if spec.name == "mse":
+        ell, dx = e * e, 2 * e
+    elif spec.name == "l1":
+        ell, dx = a, np.sign(e)
+    elif spec.name == "huber":
+        d = spec.delta
+        ell = np.where(a <= d, 0.5 * e * e, d * (a - 0.5 * d))
+        dx = np.clip(e, -d, d)
+    else:
+        b = spec.beta
+        if b == 0:
+            ell, dx = a, np.sign(e)
+        else:
+            ell = np.where(a < b, 0.5 * e * e / b, a - 0.5 * b)
+            dx = np.where(a < b, e / b, np.sign(e))
+    return ell, np.ones(x.shape), lambda u: dx * u
+
+
+def _kl_div(spec: LossSpec, x: np.ndarray, y: np.ndarray):
+    """x = log q. ℓ = p·(log p − x) with 0·log 0 = 0, p = y (or exp(y) when log_target)."""
+    if spec.log_target:
+        p = np.exp(y)
+        ell = p * (y - x)
+    else:
+        p = y
+        safe = np.where(p > 0, p, 1.0)
+        ell = np.where(p > 0, p * np.log(safe), 0.0) - p * x
+    return ell, np.ones(x.shape), lambda u: -p * u
+
+
+def elementwise(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None):
+    """(ℓ, c, grad_fn) for the chosen loss; see the module docstring."""
+    if spec.name == "cross_entropy":
+        return _cross_entropy(spec, x, y, w)
+    if spec.name == "nll":
+        return _nll(spec, x, y, w)
+    if spec.name == "bce_with_logits":
+        return _bce_with_logits(spec, x, y, w)
+    if spec.name == "kl_div":
+        return _kl_div(spec, x, y)
+    return _regression(spec, x, y)
+
+
+def loss_value_and_grad(
+    spec: LossSpec,
+    prediction: np.ndarray,
+    target: np.ndarray,
+    weight: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    dtype: str = "float64",
+) -> dict[str, Any]:
+    """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} (float64 arrays).
+
+    `dtype` is accepted for symmetry with the framework backends; the oracle always computes in
+    float64 (on inputs the harness has already rounded to `dtype`)."""
+    check_loss_inputs(spec, prediction, target, weight, mask)
+    x = np.asarray(prediction, np.float64)
+    y = target if np.issubdtype(target.dtype, np.integer) else np.asarray(target, np.float64)
+    w = weight if weight is not None else (None if spec.weight is None else np.asarray(spec.weight))
+    w = None if w is None else np.asarray(w, np.float64)
+    ell, c, grad_fn = elementwise(spec, x, y, w)
+    m = np.ones(ell.shape) if mask is None else mask.astype(np.float64)
+    total = float((m * ell).sum())
+    count = float((m * c).sum())
+    if spec.reduction == "batchmean":
+        count = float(x.shape[0]) if x.ndim >= 1 else 1.0
+    if spec.reduction == "none":
+        value, upstream = m * ell, m
+    elif spec.reduction == "sum":
+        value, upstream = np.asarray(total), m
+    else:
+        value, upstream = np.asarray(total / count), m / count
+    return {"value": np.asarray(value), "grad": grad_fn(upstream), "sum": total, "count": count}

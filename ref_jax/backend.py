@@ -1,0 +1,63 @@
+"""Backend plumbing: dtypes, devices, NumPy conversion and the numerics context for conformance runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from conformance.errors import UnsupportedError
+
+NAME = "jax"
+
+_DTYPES = {
+    "float64": jnp.float64,
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+}
+
+
+def framework_dtype(name: str) -> Any:
+    """The framework dtype for a spec dtype name ("float64", "float32", "bfloat16", "float16")."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise UnsupportedError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}") from None
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A tensor (any dtype, any device) as a float64 NumPy array; bool and int arrays keep their kind."""
+    arr = np.asarray(jax.device_get(x))
+    if np.issubdtype(arr.dtype, np.floating) or arr.dtype == jnp.bfloat16:
+        return arr.astype(np.float64)
+    return arr
+
+
+@contextlib.contextmanager
+def context() -> Iterator[None]:
+    """Numerics for conformance runs: float32 matmuls at full precision (no TF32) and 64-bit
+    types available; the previous settings are restored afterwards."""
+    with jax.enable_x64(True), jax.default_matmul_precision("highest"):
+        yield
+
+
+def describe() -> dict[str, Any]:
+    """Versions and numerics settings, recorded in reports and checkpoints."""
+    import optax
+    import flax
+
+    return {
+        "backend": NAME,
+        "jax": jax.__version__,
+        "optax": optax.__version__,
+        "flax": flax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "x64": bool(jax.config.jax_enable_x64),
+        "default_matmul_precision": jax.config.jax_default_matmul_precision,
+        "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+    }

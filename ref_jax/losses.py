@@ -1,0 +1,149 @@
+"""Losses on jax arrays, built on optax.losses, reduced through (sum, count).
+
+Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked elements
+sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
+targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
+accumulation and multi-rank training normalize exactly once, from these sums and counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from conformance.spec.loss import LossSpec
+from conformance.validate import check_loss_inputs, is_index_target
+from ref_jax.backend import framework_dtype, to_numpy
+
+
+class LossOutput(NamedTuple):
+    """value: the reduced loss (per-element for reduction = "none"); sum and count: mean = sum / count."""
+
+    value: Any
+    sum: Any
+    count: Any
+
+
+def _classes_last(x: Any) -> Any:
+    # torch puts classes on dim 1 (dim 0 when unbatched); optax wants them last.
+    return x if x.ndim == 1 else jnp.moveaxis(x, 1, -1)
+
+
+def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None) -> tuple[Any, Any]:
+    """(ℓ, c): the element-wise loss and the count weight of each element (see module docstring)."""
+    name = spec.name
+    x = prediction
+    if name in ("cross_entropy", "nll"):
+        z = _classes_last(x)
+        n_classes = z.shape[-1]
+        wc = jnp.ones((n_classes,), z.dtype) if weight is None else weight
+        if name == "cross_entropy" and target.shape == x.shape:  # class probabilities
+            q = optax.smooth_labels(_classes_last(target), spec.label_smoothing)
+            ell = optax.losses.softmax_cross_entropy(z, q * wc)
+            return ell, jnp.ones_like(ell)
+        valid = target != spec.ignore_index
+        safe = jnp.where(valid, target, 0)  # optax would read -100 out of range (NaN) or wrap -1
+        wy = jnp.where(valid, wc[safe], 0).astype(z.dtype)
+        if name == "nll":
+            ell = -wy * jnp.take_along_axis(z, safe[..., None], -1)[..., 0]
+        else:
+            nll = optax.losses.softmax_cross_entropy_with_integer_labels(z, safe)
+            eps = spec.label_smoothing
+            ell = (1 - eps) * wy * nll
+            if eps > 0:
+                smooth = -(jax.nn.log_softmax(z, axis=-1) * wc).sum(-1)
+                ell = ell + (eps / n_classes) * smooth
+            ell = jnp.where(valid, ell, 0)
+        return ell, wy if weight is not None else valid.astype(z.dtype)
+    y = target
+    if name == "bce_with_logits":
+        if spec.pos_weight is None:
+            ell = optax.losses.sigmoid_binary_cross_entropy(x, y)
+        else:
+            pw = jnp.asarray(spec.pos_weight, x.dtype)
+            ell = -(pw * y * jax.nn.log_sigmoid(x) + (1 - y) * jax.nn.log_sigmoid(-x))
+        if weight is not None:
+            ell = ell * weight
+    elif name == "mse":
+        ell = optax.losses.squared_error(x, y)  # not l2_loss: that is 0.5 * squared_error
+    elif name == "l1":
+        ell = jnp.abs(x - y)
+    elif name == "huber":
+        ell = optax.losses.huber_loss(x, y, delta=spec.delta)
+    elif name == "smooth_l1":
+        # torch's SmoothL1 is Huber / beta; beta = 0 is L1 (optax's huber(0) would return 0)
+        ell = jnp.abs(x - y) if spec.beta == 0 else optax.losses.huber_loss(x, y, delta=spec.beta) / spec.beta
+    else:
+        if spec.log_target:
+            ell = jnp.exp(y) * (y - x)
+        else:
+            ell = jax.scipy.special.xlogy(y, y) - y * x  # 0·log 0 = 0, as torch
+    return ell, jnp.ones_like(ell)
+
+
+def compute_loss(
+    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None
+) -> LossOutput:
+    """Evaluate a loss on framework arrays (differentiable; no host checks: see check_loss_inputs).
+
+    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses."""
+    if prediction.dtype in (jnp.float16, jnp.bfloat16):
+        prediction = prediction.astype(jnp.float32)
+        target = target.astype(jnp.float32) if jnp.issubdtype(target.dtype, jnp.floating) else target
+    if weight is None and spec.weight is not None:
+        weight = jnp.asarray(spec.weight, prediction.dtype)
+    elif weight is not None:
+        weight = weight.astype(prediction.dtype)
+    ell, count_w = elementwise(spec, prediction, target, weight)
+    if mask is not None:
+        ell = jnp.where(mask, ell, 0)
+        count_w = jnp.where(mask, count_w, 0)
+    total = ell.sum()
+    if spec.reduction == "batchmean":
+        count = jnp.asarray(float(prediction.shape[0]) if prediction.ndim else 1.0, ell.dtype)
+    else:
+        count = count_w.sum()
+    if spec.reduction == "none":
+        return LossOutput(ell, total, count)
+    if spec.reduction == "sum":
+        return LossOutput(total, total, count)
+    return LossOutput(total / count, total, count)
+
+
+def loss_value_and_grad(
+    spec: LossSpec,
+    prediction: np.ndarray,
+    target: np.ndarray,
+    weight: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    dtype: str = "float64",
+) -> dict[str, Any]:
+    """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} as float64 NumPy.
+
+    Inputs are checked on the host first (same InputError as every backend); `grad` is
+    d(value)/d(prediction), or d(Σ value)/d(prediction) for reduction = "none"."""
+    check_loss_inputs(spec, prediction, target, weight, mask)
+    dt = framework_dtype(dtype)
+    x = jnp.asarray(np.asarray(prediction, np.float64), dt)
+    if is_index_target(spec, prediction, target):
+        y = jnp.asarray(np.asarray(target, np.int64))
+    else:
+        y = jnp.asarray(np.asarray(target, np.float64), dt)
+    w = None if weight is None else jnp.asarray(np.asarray(weight, np.float64), dt)
+    m = None if mask is None else jnp.asarray(np.asarray(mask, bool))
+
+    def scalar(x: Any) -> tuple[Any, LossOutput]:
+        out = compute_loss(spec, x, y, w, m)
+        return out.value.sum(), out
+
+    grad, out = jax.grad(scalar, has_aux=True)(x)
+    return {
+        "value": to_numpy(out.value),
+        "grad": to_numpy(grad),
+        "sum": float(out.sum),
+        "count": float(out.count),
+    }

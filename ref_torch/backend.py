@@ -1,0 +1,69 @@
+"""Backend plumbing: dtypes, devices, NumPy conversion and the numerics context for conformance runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from conformance.errors import UnsupportedError
+
+NAME = "torch"
+
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def framework_dtype(name: str) -> Any:
+    """The framework dtype for a spec dtype name ("float64", "float32", "bfloat16", "float16")."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise UnsupportedError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}") from None
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A tensor (any dtype, any device) as a float64 NumPy array; bool and int arrays keep their kind."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.is_floating_point():
+            x = x.to(torch.float64)
+        return x.cpu().numpy()
+    return np.asarray(x)
+
+
+@contextlib.contextmanager
+def context() -> Iterator[None]:
+    """Numerics for conformance runs: float32 matmuls at full precision (no TF32) and 64-bit
+    types available; the previous settings are restored afterwards."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+        torch.set_float32_matmul_precision(precision)
+
+
+def describe() -> dict[str, Any]:
+    """Versions and numerics settings, recorded in reports and checkpoints."""
+    return {
+        "backend": NAME,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+    }

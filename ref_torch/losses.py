@@ -1,0 +1,122 @@
+"""Losses on torch tensors, built on torch.nn.functional, reduced through (sum, count).
+
+Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked elements
+sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
+targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
+accumulation and multi-rank training normalize exactly once, from these sums and counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from conformance.spec.loss import LossSpec
+from conformance.validate import check_loss_inputs, is_index_target
+from ref_torch.backend import framework_dtype, to_numpy
+
+
+class LossOutput(NamedTuple):
+    """value: the reduced loss (per-element for reduction = "none"); sum and count: mean = sum / count."""
+
+    value: Any
+    sum: Any
+    count: Any
+
+
+def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None) -> tuple[Any, Any]:
+    """(ℓ, c): the element-wise loss and the count weight of each element (see module docstring)."""
+    name = spec.name
+    if name in ("cross_entropy", "nll"):
+        index = name == "nll" or target.shape != prediction.shape
+        if name == "cross_entropy":
+            ell = F.cross_entropy(prediction, target, weight=weight, ignore_index=spec.ignore_index,
+                                  reduction="none", label_smoothing=spec.label_smoothing)
+        else:
+            ell = F.nll_loss(prediction, target, weight=weight, ignore_index=spec.ignore_index, reduction="none")
+        if not index:
+            return ell, torch.ones_like(ell)
+        valid = target != spec.ignore_index
+        if weight is None:
+            return ell, valid.to(ell.dtype)
+        return ell, torch.where(valid, weight[torch.where(valid, target, 0)], 0).to(ell.dtype)
+    if name == "bce_with_logits":
+        pos = None if spec.pos_weight is None else torch.tensor(spec.pos_weight, dtype=prediction.dtype,
+                                                                device=prediction.device)
+        ell = F.binary_cross_entropy_with_logits(prediction, target, weight=weight, pos_weight=pos,
+                                                 reduction="none")
+    elif name == "mse":
+        ell = F.mse_loss(prediction, target, reduction="none")
+    elif name == "l1":
+        ell = F.l1_loss(prediction, target, reduction="none")
+    elif name == "huber":
+        ell = F.huber_loss(prediction, target, reduction="none", delta=spec.delta)
+    elif name == "smooth_l1":
+        ell = F.smooth_l1_loss(prediction, target, reduction="none", beta=spec.beta)
+    else:
+        ell = F.kl_div(prediction, target, reduction="none", log_target=spec.log_target)
+    return ell, torch.ones_like(ell)
+
+
+def compute_loss(
+    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None
+) -> LossOutput:
+    """Evaluate a loss on framework arrays (differentiable; no host checks: see check_loss_inputs).
+
+    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses."""
+    if prediction.dtype in (torch.float16, torch.bfloat16):
+        prediction = prediction.float()
+        target = target.float() if target.is_floating_point() else target
+    if weight is None and spec.weight is not None:
+        weight = torch.tensor(spec.weight, dtype=prediction.dtype, device=prediction.device)
+    elif weight is not None:
+        weight = weight.to(prediction.dtype)
+    ell, count_w = elementwise(spec, prediction, target, weight)
+    if mask is not None:
+        ell = torch.where(mask, ell, torch.zeros((), dtype=ell.dtype, device=ell.device))
+        count_w = torch.where(mask, count_w, torch.zeros((), dtype=ell.dtype, device=ell.device))
+    total = ell.sum()
+    if spec.reduction == "batchmean":
+        count = torch.tensor(float(prediction.shape[0]) if prediction.ndim else 1.0,
+                             dtype=ell.dtype, device=ell.device)
+    else:
+        count = count_w.sum()
+    if spec.reduction == "none":
+        return LossOutput(ell, total, count)
+    if spec.reduction == "sum":
+        return LossOutput(total, total, count)
+    return LossOutput(total / count, total, count)
+
+
+def loss_value_and_grad(
+    spec: LossSpec,
+    prediction: np.ndarray,
+    target: np.ndarray,
+    weight: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    dtype: str = "float64",
+) -> dict[str, Any]:
+    """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} as float64 NumPy.
+
+    Inputs are checked on the host first (same InputError as every backend); `grad` is
+    d(value)/d(prediction), or d(Σ value)/d(prediction) for reduction = "none"."""
+    check_loss_inputs(spec, prediction, target, weight, mask)
+    dt = framework_dtype(dtype)
+    x = torch.tensor(np.asarray(prediction, np.float64), dtype=dt, requires_grad=True)
+    if is_index_target(spec, prediction, target):
+        y = torch.tensor(np.asarray(target, np.int64))
+    else:
+        y = torch.tensor(np.asarray(target, np.float64), dtype=dt)
+    w = None if weight is None else torch.tensor(np.asarray(weight, np.float64), dtype=dt)
+    m = None if mask is None else torch.tensor(np.asarray(mask, bool))
+    out = compute_loss(spec, x, y, w, m)
+    out.value.sum().backward()
+    return {
+        "value": to_numpy(out.value),
+        "grad": to_numpy(x.grad),
+        "sum": float(out.sum.detach()),
+        "count": float(out.count.detach()),
+    }
