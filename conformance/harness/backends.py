@@ -56,3 +56,18 @@ def get_backends(names: str | list[str]) -> list[Backend]:
     if isinstance(names, str):
         names = list(PACKAGES) if names == "all" else [names]
     return [Backend(n) for n in names]
+
+
+@dataclass(frozen=True)
+class PatchedBackend(Backend):
+    """A backend with some functions replaced: negative controls plant a known bug this way and
+    check that the harness catches it (e.g. softmax applied before cross-entropy)."""
+
+    patches: tuple[tuple[str, str, Callable[..., Any]], ...] = ()
+    label: str = "mutant"
+
+    def function(self, module: str, name: str) -> Callable[..., Any]:
+        for mod, fn_name, replacement in self.patches:
+            if (mod, fn_name) == (module, name):
+                return replacement
+        return super().function(module, name)

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import tomli_w
 from pydantic import Field
 
+from conformance import tomlio
 from conformance.errors import ConfigError
 from conformance.spec.accumulation import AccumulationSpec
 from conformance.spec.base import Section, validate
@@ -168,4 +168,4 @@ def _strip_none(value: Any) -> Any:
 def dump_config(config: Config) -> str:
     """The resolved config as TOML, every default filled in (None fields are left out: absent
     means None when loaded back)."""
-    return tomli_w.dumps(_strip_none(config.model_dump(mode="python")))
+    return tomlio.dumps(_strip_none(config.model_dump(mode="python")))
