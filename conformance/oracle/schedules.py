@@ -1,0 +1,217 @@
+"""Learning-rate schedules in NumPy float64, in closed form (torch's semantics where torch has a class).
+
+Notation: b is a group's base lr (onecycle: its peak, `max_lr` or the base lr), s the schedule
+step: s = t for unit = "update", s = t // updates_per_epoch for unit = "epoch". Update t applies
+the value at s (CONTRACT.md §2). W = warmup_steps, T = total_steps, η = eta_min, sf = start_factor.
+
+    constant        b; with factor f: b·f for s < total_iters, then b             (ConstantLR)
+    step            b·γ^⌊s / step_size⌋                                             (StepLR)
+    multistep       b·γ^(number of milestones <= s)                                 (MultiStepLR)
+    exponential     b·γ^s                                                           (ExponentialLR)
+    cosine          η + (b − η)·(1 + cos(π s / t_max))/2, for every s: past t_max it climbs back
+                    to b at 2·t_max, as torch's CosineAnnealingLR does                (CosineAnnealingLR)
+    linear          b·(sf + (ef − sf)·min(s, n)/n), n = total_iters                 (LinearLR)
+    polynomial      b·(1 − min(s, n)/n)^power                                      (PolynomialLR)
+    onecycle        torch's OneCycleLR: phases ending at the (float) steps pct·T − 1 [, 2·pct·T − 2]
+                    and T − 1; in each, value = anneal(start, end, (s − s0)/(s1 − s0)) with
+                    cos: end + (start − end)(1 + cos(π·pct))/2, linear: start + (end − start)·pct;
+                    lr: b/div → b → b/(div·final_div) (three-phase: → b/div → b/(div·final_div));
+                    momentum: max → base → max (three-phase: max → base → max → max)
+    cosine_restarts η + (b − η)(1 + cos(π T_cur / T_i))/2, T_i = t_0·t_mult^i, T_cur = s − start of
+                    cycle i (restarts for ever, exact integer cycle arithmetic)  (CosineAnnealingWarmRestarts)
+    warmup_cosine   s <= W: b·(sf + (1 − sf)·s/W); s >= W: η + (b − η)(1 + cos(π u/(T − W)))/2 with
+                    u = s − W; convention "optax" holds η from s = T on (u <= T − W), "torch" keeps
+                    following the cosine. Update W is the first to use the peak lr b.
+    inverse_sqrt    s < W: b·(sf + (1 − sf)·s/W); s >= W: b·sqrt(τ/(s − W + τ)), τ = timescale (= W)
+    wsd             s < W: warm-up as above; W <= s < T − D: b; then p = min((s − T + D)/D, 1) and
+                    η + (b − η)·shape(p), shape = 1 − p | (1 + cos πp)/2 | 1 − sqrt(p); η from s = T on
+    sequential      part i = number of milestones <= s, run at s − milestones[i−1] (a part restarts
+                    from its own step 0 at its milestone, as in torch's SequentialLR)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from conformance.spec.schedule import (
+    ScheduleSpec, check_schedule, cycled_hyperparameter, group_base_lrs, start_lrs,
+)
+
+Fn = Callable[[np.ndarray], np.ndarray]  # schedule step s (int64 array) -> value (float64 array)
+
+
+def _warmup(b: float, sf: float, w: int) -> Fn:
+    return lambda s: b * (sf + (1.0 - sf) * s / w) if w > 0 else np.full(s.shape, b)
+
+
+def _cosine(b: float, eta: float, length: int) -> Fn:
+    return lambda u: eta + (b - eta) * (1 + np.cos(np.pi * u / length)) / 2
+
+
+def warmup_cosine(spec: ScheduleSpec, b: float) -> Fn:
+    """Linear warm-up, then cosine annealing, in closed form (W = warmup_steps, T = total_steps):
+
+        s <= W: b·(sf + (1 − sf)·s/W)        s >= W: η + (b − η)(1 + cos(π (s − W)/(T − W)))/2
+
+    Update 0 applies b·start_factor; update W is the first to apply the peak b (every earlier
+    update applies less when start_factor < 1); update T is the first to apply η. After T,
+    convention "optax" (optax.warmup_cosine_decay_schedule(b·sf, b, W, T, η)) holds η and
+    "torch" (SequentialLR([LinearLR(sf, 1, W), CosineAnnealingLR(T − W, η)], [W])) follows torch's
+    cosine back up; both agree for s <= T. Porting: transformers' get_cosine_schedule_with_warmup
+    is start_factor 0; nanoGPT's lr·(it + 1)/(W + 1) is start_factor 1/(W + 1); seed 000's
+    η_max·t/W with t counted from 1 is warmup_steps W − 1, start_factor 1/W (peak at update W − 1)."""
+    w, total = spec.warmup_steps, spec.total_steps
+    warm, cos = _warmup(b, spec.start_factor, w), _cosine(b, spec.eta_min, total - w)
+    hold = spec.convention == "optax"
+    return lambda s: np.where(s < w, warm(s), cos(np.minimum(s, total) - w if hold else s - w))
+
+
+def _restarts(spec: ScheduleSpec, b: float) -> Fn:
+    t0, mult, eta = spec.t_0, spec.t_mult, spec.eta_min
+
+    def fn(s: np.ndarray) -> np.ndarray:
+        if mult == 1:
+            t_cur, t_i = s % t0, np.full(s.shape, t0)
+        else:
+            starts, lengths = [0], [t0]
+            while starts[-1] <= s.max(initial=0):
+                starts.append(starts[-1] + lengths[-1])
+                lengths.append(lengths[-1] * mult)
+            i = np.searchsorted(np.asarray(starts), s, side="right") - 1
+            t_cur, t_i = s - np.asarray(starts)[i], np.asarray(lengths)[i]
+        return eta + (b - eta) * (1 + np.cos(np.pi * t_cur / t_i)) / 2
+
+    return fn
+
+
+def _anneal(kind: str, start: float, end: float, pct: np.ndarray) -> np.ndarray:
+    if kind == "cos":
+        return end + (start - end) / 2.0 * (np.cos(np.pi * pct) + 1)
+    return (end - start) * pct + start
+
+
+def onecycle_phases(spec: ScheduleSpec, peak: float, momentum: bool = False) -> list[tuple[float, float, float]]:
+    """torch's OneCycleLR phases as (end_step, start_value, end_value), for the lr or the momentum."""
+    total, pct = spec.total_steps, spec.pct_start
+    initial = peak / spec.div_factor
+    low = initial / spec.final_div_factor
+    hi_m, lo_m = spec.max_momentum, spec.base_momentum
+    first, second = float(pct * total) - 1, float(2 * pct * total) - 2
+    if spec.three_phase:
+        if momentum:
+            return [(first, hi_m, lo_m), (second, lo_m, hi_m), (total - 1, hi_m, hi_m)]
+        return [(first, initial, peak), (second, peak, initial), (total - 1, initial, low)]
+    if momentum:
+        return [(first, hi_m, lo_m), (total - 1, lo_m, hi_m)]
+    return [(first, initial, peak), (total - 1, peak, low)]
+
+
+def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> Fn:
+    def fn(s: np.ndarray) -> np.ndarray:
+        out = np.zeros(s.shape)
+        done = np.zeros(s.shape, bool)
+        begin = 0.0
+        for i, (end, a, b) in enumerate(phases):
+            here = ~done & ((s <= end) | (i == len(phases) - 1))
+            out = np.where(here, _anneal(spec.anneal_strategy, a, b, (s - begin) / (end - begin)), out)
+            done |= here
+            begin = end
+        return out
+
+    return fn
+
+
+def _wsd(spec: ScheduleSpec, b: float) -> Fn:
+    w, d, total, eta = spec.warmup_steps, spec.decay_steps, spec.total_steps, spec.eta_min
+    warm = _warmup(b, spec.start_factor, w)
+
+    def fn(s: np.ndarray) -> np.ndarray:
+        p = np.clip((s - (total - d)) / d, 0.0, 1.0)
+        if spec.decay_type == "linear":
+            shape = 1.0 - p
+        elif spec.decay_type == "cosine":
+            shape = (1 + np.cos(np.pi * p)) / 2
+        else:
+            shape = 1.0 - np.sqrt(p)
+        decay = eta + (b - eta) * shape
+        return np.where(s < w, warm(s), np.where(s < total - d, b, decay))
+
+    return fn
+
+
+def lr_function(spec: ScheduleSpec, b: float) -> Fn:
+    """The closed form of `spec` for one group, as a function of the schedule step s."""
+    name = spec.name
+    if name == "constant":
+        if spec.factor is None:
+            return lambda s: np.full(s.shape, b)
+        return lambda s: np.where(s < spec.total_iters, b * spec.factor, b)
+    if name == "step":
+        return lambda s: b * spec.gamma ** (s // spec.step_size)
+    if name == "multistep":
+        return lambda s: b * spec.gamma ** np.searchsorted(np.asarray(spec.milestones), s, side="right")
+    if name == "exponential":
+        return lambda s: b * spec.gamma ** s
+    if name == "cosine":
+        return _cosine(b, spec.eta_min, spec.t_max)
+    if name == "linear":
+        n, sf, ef = spec.total_iters, spec.start_factor, spec.end_factor
+        return lambda s: b * (sf + (ef - sf) * np.minimum(s, n) / n)
+    if name == "polynomial":
+        n = spec.total_iters
+        return lambda s: b * (1.0 - np.minimum(s, n) / n) ** spec.power
+    if name == "onecycle":
+        return _onecycle(spec, onecycle_phases(spec, b))
+    if name == "cosine_restarts":
+        return _restarts(spec, b)
+    if name == "warmup_cosine":
+        return warmup_cosine(spec, b)
+    if name == "inverse_sqrt":
+        w, tau = spec.warmup_steps, spec.timescale
+        warm = _warmup(b, spec.start_factor, w)
+        return lambda s: np.where(s < w, warm(s), b * np.sqrt(tau / np.maximum(s - w + tau, 1)))
+    if name == "wsd":
+        return _wsd(spec, b)
+    if name == "sequential":
+        parts = [lr_function(p, b) for p in spec.schedulers]
+        return _sequential(parts, spec.milestones)
+    raise ValueError(f"unknown schedule {name!r}")
+
+
+def _sequential(parts: list[Fn], milestones: list[int]) -> Fn:
+    starts = np.asarray([0, *milestones])
+
+    def fn(s: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(np.asarray(milestones), s, side="right")
+        out = np.zeros(s.shape)
+        for i, part in enumerate(parts):
+            out = np.where(index == i, part(np.maximum(s - starts[i], 0)), out)
+        return out
+
+    return fn
+
+
+def momentum_function(spec: ScheduleSpec) -> Fn:
+    """onecycle's cycled momentum (or beta1) as a function of the schedule step s."""
+    return _onecycle(spec, onecycle_phases(spec, 1.0, momentum=True))
+
+
+def schedule_values(
+    schedule: ScheduleSpec, optimizer: Any, steps: int, updates_per_epoch: int = 1
+) -> dict[str, Any]:
+    """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) array, "momentum": (steps,
+    groups) array or None, "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
+    `conformance.spec.schedule.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
+    check_schedule(schedule, optimizer, steps, updates_per_epoch)
+    base = start_lrs(schedule, group_base_lrs(optimizer))
+    s = np.arange(steps, dtype=np.int64) // updates_per_epoch
+    lr = np.stack([np.broadcast_to(lr_function(schedule, b)(s), s.shape) for b in base], axis=1)
+    name = cycled_hyperparameter(schedule, optimizer)
+    momentum = None
+    if name is not None:
+        m = momentum_function(schedule)(s)
+        momentum = np.stack([m] * len(base), axis=1)
+    return {"lr": lr.astype(np.float64), "momentum": momentum, "momentum_name": name}

@@ -1,0 +1,224 @@
+"""torch.optim.lr_scheduler objects for a ScheduleSpec (torch only; the JAX twin builds optax schedules).
+
+Each schedule is the torch class of the same meaning (StepLR, CosineAnnealingLR, OneCycleLR,
+SequentialLR, ...). LambdaLR appears only where torch has no class: inverse_sqrt's decay, wsd's
+decay, a warm-up that starts at 0 (LinearLR needs start_factor > 0) and warmup_cosine's hold at
+eta_min after total_steps (convention "optax"). `unit = "epoch"` wraps the scheduler in
+`PerEpochLR`, which steps it once every `updates_per_epoch` updates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+from torch.optim import lr_scheduler as sched
+
+from conformance.errors import ConfigError, InputError
+from conformance.spec.schedule import ScheduleSpec, start_lrs
+
+# Keys a previous scheduler leaves in param groups; a rebuilt scheduler must not inherit them.
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
+
+
+class PerEpochLR(sched.LRScheduler):
+    """Steps `inner` once every `updates_per_epoch` calls of `step()` (unit = "epoch"): the value at
+    update t is the inner schedule at t // updates_per_epoch. `last_epoch` counts updates."""
+
+    def __init__(self, optimizer: Optimizer, inner: sched.LRScheduler, updates_per_epoch: int) -> None:
+        # No super().__init__: it would step once more; the inner scheduler already did.
+        self.optimizer = optimizer
+        self.inner = inner
+        self.updates_per_epoch = updates_per_epoch
+        self.last_epoch = 0
+        self._step_count = 1
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]  # SequentialLR has none
+        self._last_lr = inner.get_last_lr()
+
+    def step(self, epoch: int | None = None) -> None:  # type: ignore[override]
+        if epoch is not None:
+            raise TypeError("PerEpochLR.step() counts updates itself; call it without an argument")
+        self._step_count += 1
+        self.last_epoch += 1
+        if self.last_epoch % self.updates_per_epoch == 0:
+            self.inner.step()
+        self._last_lr = self.inner.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "inner")}
+        state["inner"] = self.inner.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        self.inner.load_state_dict(state.pop("inner"))
+        self.__dict__.update(state)
+
+
+def _lambda(optimizer: Optimizer, factors: Sequence[Callable[[int], float]]) -> sched.LambdaLR:
+    return sched.LambdaLR(optimizer, list(factors))
+
+
+def _warmup(optimizer: Optimizer, spec: ScheduleSpec) -> sched.LRScheduler:
+    w, sf = spec.warmup_steps, spec.start_factor
+    if sf > 0:
+        return sched.LinearLR(optimizer, start_factor=sf, end_factor=1.0, total_iters=w)
+    return sched.LambdaLR(optimizer, lambda s: s / w)  # LinearLR cannot start at 0
+
+
+def _ratio(value: Callable[[int], float], base: float) -> Callable[[int], float]:
+    # LambdaLR multiplies the base lr; a base lr of 0 stays 0 (check_schedule keeps eta_min <= base)
+    return (lambda s: value(s) / base) if base > 0 else (lambda s: 0.0)
+
+
+Segment = tuple[int | None, Callable[[], sched.LRScheduler]]  # (length or None = open-ended, builder)
+
+
+def _in_sequence(optimizer: Optimizer, segments: list[Segment]) -> sched.LRScheduler:
+    """One SequentialLR over segments; zero-length ones are never built. Composite schedules are
+    flattened into segments because a SequentialLR nested in another fails at its milestone."""
+    kept = [(n, make) for n, make in segments if n != 0]
+    parts = [make() for _, make in kept]
+    if len(parts) == 1:
+        return parts[0]
+    milestones, total = [], 0
+    for n, _ in kept[:-1]:
+        total += n  # type: ignore[operator]
+        milestones.append(total)
+    return sched.SequentialLR(optimizer, parts, milestones)
+
+
+def _truncate(segments: list[Segment], length: int | None) -> list[Segment]:
+    """The segments that fit in `length` updates (a sequential part ends at the next milestone)."""
+    if length is None:
+        return segments
+    out: list[Segment] = []
+    left = length
+    for n, make in segments:
+        if left <= 0:
+            break
+        out.append((left if n is None else min(n, left), make))
+        left -= left if n is None else min(n, left)
+    return out
+
+
+def _wsd_decay(spec: ScheduleSpec, base: float) -> Callable[[int], float]:
+    d, eta = spec.decay_steps, spec.eta_min
+
+    def value(s: int) -> float:
+        p = min(s / d, 1.0)
+        if spec.decay_type == "linear":
+            shape = 1.0 - p
+        elif spec.decay_type == "cosine":
+            shape = (1 + math.cos(math.pi * p)) / 2
+        else:
+            shape = 1.0 - math.sqrt(p)
+        return eta + (base - eta) * shape
+
+    return value
+
+
+def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.LRScheduler:
+    name = spec.name
+    if name == "constant":
+        return sched.ConstantLR(optimizer, factor=spec.factor or 1.0, total_iters=spec.total_iters or 1)
+    if name == "step":
+        return sched.StepLR(optimizer, step_size=spec.step_size, gamma=spec.gamma)
+    if name == "multistep":
+        return sched.MultiStepLR(optimizer, milestones=list(spec.milestones), gamma=spec.gamma)
+    if name == "exponential":
+        return sched.ExponentialLR(optimizer, gamma=spec.gamma)
+    if name == "cosine":
+        return sched.CosineAnnealingLR(optimizer, T_max=spec.t_max, eta_min=spec.eta_min)
+    if name == "linear":
+        return sched.LinearLR(optimizer, start_factor=spec.start_factor, end_factor=spec.end_factor,
+                              total_iters=spec.total_iters)
+    if name == "polynomial":
+        return sched.PolynomialLR(optimizer, total_iters=spec.total_iters, power=spec.power)
+    if name == "onecycle":
+        return sched.OneCycleLR(
+            optimizer, max_lr=list(base), total_steps=spec.total_steps, pct_start=float(spec.pct_start),
+            anneal_strategy=spec.anneal_strategy, cycle_momentum=spec.cycle_momentum,
+            base_momentum=spec.base_momentum, max_momentum=spec.max_momentum,
+            div_factor=spec.div_factor, final_div_factor=spec.final_div_factor, three_phase=spec.three_phase,
+        )
+    if name == "cosine_restarts":
+        return sched.CosineAnnealingWarmRestarts(optimizer, T_0=spec.t_0, T_mult=spec.t_mult, eta_min=spec.eta_min)
+    if name in ("warmup_cosine", "inverse_sqrt", "wsd", "sequential"):
+        return _in_sequence(optimizer, _segments(spec, optimizer, base))
+    raise ConfigError(f"schedule.name {name!r} has no torch scheduler")
+
+
+def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> list[Segment]:
+    """A schedule as consecutive (length, scheduler builder) segments, each restarting at step 0."""
+    name, o = spec.name, optimizer
+    warm = (spec.warmup_steps or 0, lambda: _warmup(o, spec))
+    if name == "warmup_cosine":
+        w, total, eta = spec.warmup_steps, spec.total_steps, spec.eta_min
+        cos = lambda: sched.CosineAnnealingLR(o, T_max=total - w, eta_min=eta)  # noqa: E731
+        if spec.convention == "torch":
+            return [warm, (None, cos)]
+        # optax holds eta_min after total_steps; torch's cosine would climb back
+        hold = lambda: _lambda(o, [_ratio(lambda s: eta, b) for b in base])  # noqa: E731
+        return [warm, (total - w, cos), (None, hold)]
+    if name == "inverse_sqrt":
+        tau = spec.timescale
+        return [warm, (None, lambda: sched.LambdaLR(o, lambda s: math.sqrt(tau / (s + tau))))]
+    if name == "wsd":
+        w, d, total = spec.warmup_steps, spec.decay_steps, spec.total_steps
+        stable = lambda: sched.ConstantLR(o, factor=1.0, total_iters=1)  # noqa: E731
+        decay = lambda: _lambda(o, [_ratio(_wsd_decay(spec, b), b) for b in base])  # noqa: E731
+        return [warm, (total - w - d, stable), (None, decay)]
+    if name == "sequential":
+        bounds = [0, *spec.milestones]
+        out: list[Segment] = []
+        for i, part in enumerate(spec.schedulers):
+            length = bounds[i + 1] - bounds[i] if i + 1 < len(bounds) else None
+            out.extend(_truncate(_segments(part, o, base), length))
+        return out
+    return [(None, lambda: _make(spec, o, base))]
+
+
+def build_scheduler(
+    spec: ScheduleSpec,
+    optimizer: Optimizer,
+    updates_per_epoch: int = 1,
+    base_lrs: Sequence[float] | None = None,
+    start: int = 0,
+) -> sched.LRScheduler:
+    """A torch LRScheduler for `spec`, to be stepped once per optimizer update, after
+    `optimizer.step()` (not on updates skipped under precision.schedule_on_skip = "hold").
+
+    `base_lrs` (one per param group; default: the groups' current lr) are written into the groups
+    first, so that a scheduler can be rebuilt on an optimizer whose state was loaded. `start` = t
+    rebuilds it at update t: the groups then hold the lr (and cycled momentum) update t applies,
+    exactly as after t steps of an uninterrupted run. `state_dict()` / `load_state_dict()` also
+    round-trip."""
+    groups = optimizer.param_groups
+    base = [float(g["lr"]) for g in groups] if base_lrs is None else [float(b) for b in base_lrs]
+    if len(base) != len(groups):
+        raise InputError(f"base_lrs has {len(base)} entries; the optimizer has {len(groups)} param groups")
+    if updates_per_epoch < 1 or (spec.unit == "update" and updates_per_epoch != 1):
+        raise InputError(f"updates_per_epoch must be 1 for unit = 'update' and >= 1 for unit = "
+                         f"'epoch'; received {updates_per_epoch}")
+    for group, lr in zip(groups, base):
+        for key in _SCHEDULER_KEYS:
+            group.pop(key, None)
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)  # a tensor lr (capturable / fused optimizers) keeps its identity
+        else:
+            group["lr"] = lr
+    scheduler = _make(spec, optimizer, start_lrs(spec, base))
+    if spec.unit == "epoch":
+        scheduler = PerEpochLR(optimizer, scheduler, updates_per_epoch)
+    with warnings.catch_warnings():
+        # replaying t updates without optimizer.step() is intended here
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        for _ in range(start):
+            scheduler.step()
+    return scheduler

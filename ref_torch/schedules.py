@@ -1,0 +1,48 @@
+"""Learning-rate schedules in PyTorch: torch.optim.lr_scheduler classes, stepped once per update.
+
+The trainer calls `build_scheduler(spec, optimizer, updates_per_epoch)` (see ref_torch._schedulers)
+and steps the scheduler after every `optimizer.step()`; update t then applies the value at t
+(CONTRACT.md §2). `schedule_values` is the neutral entry point the conformance harness calls: it
+drives the same scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and
+reads the lr (and cycled momentum) each update applies. Closed forms: conformance/oracle/schedules.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from conformance.spec.schedule import ScheduleSpec, check_schedule, cycled_hyperparameter, group_base_lrs
+from ref_torch._schedulers import PerEpochLR, build_scheduler
+
+__all__ = ["PerEpochLR", "build_scheduler", "schedule_values"]
+
+
+def schedule_values(
+    schedule: ScheduleSpec, optimizer: Any, steps: int, updates_per_epoch: int = 1
+) -> dict[str, Any]:
+    """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) float64 array, "momentum":
+    (steps, groups) array of the cycled momentum or beta1, or None, "momentum_name": "momentum" |
+    "beta1" | None}. `optimizer` is the OptimizerSpec: it gives each group's base lr, in the order
+    of conformance.spec.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
+    check_schedule(schedule, optimizer, steps, updates_per_epoch)
+    base = group_base_lrs(optimizer)
+    name = cycled_hyperparameter(schedule, optimizer)
+    params = [torch.zeros(1, dtype=torch.float64, requires_grad=True) for _ in base]
+    groups = [{"params": [p], "lr": b} for p, b in zip(params, base)]
+    # stand-in optimizer: OneCycleLR cycles `betas[0]` when the class has betas, else `momentum`
+    opt = torch.optim.Adam(groups) if name == "beta1" else torch.optim.SGD(groups, momentum=0.0)
+    scheduler = build_scheduler(schedule, opt, updates_per_epoch)
+    lr = np.empty((steps, len(base)))
+    momentum = None if name is None else np.empty((steps, len(base)))
+    for t in range(steps):
+        for g, group in enumerate(opt.param_groups):
+            lr[t, g] = float(group["lr"])
+            if momentum is not None:
+                momentum[t, g] = float(group["betas"][0] if name == "beta1" else group["momentum"])
+        if t + 1 < steps:
+            opt.step()  # no gradients: a no-op that keeps torch's step-order bookkeeping honest
+            scheduler.step()
+    return {"lr": lr, "momentum": momentum, "momentum_name": name}

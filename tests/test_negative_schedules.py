@@ -1,0 +1,170 @@
+"""Negative controls: deliberately wrong schedules that the bundled cases must catch.
+
+Each control runs a bundled case through the real harness with one mistake injected (a scheduler
+stepped per micro-batch, `schedule(t + 1)`, optax's int32 count, optax's cosine clamp, ...) and
+asserts that the case FAILS, while the same case passes on the unmodified backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ref_jax._schedules as jax_schedules
+from conformance.harness.backends import Backend
+from conformance.harness.case import CASES_DIR, load_case, parse_case
+from conformance.harness.runner import run_case
+
+CASES = CASES_DIR / "schedule"
+
+
+@dataclass(frozen=True)
+class Mutant(Backend):
+    """A backend whose schedule_values is wrapped by `mutate(real_fn, schedule, optimizer, steps, upe)`."""
+
+    mutate: Callable[..., dict] | None = None
+
+    def function(self, module: str, name: str) -> Callable[..., Any]:
+        fn = super().function(module, name)
+        if (module, name) != ("schedules", "schedule_values") or self.mutate is None:
+            return fn
+        return lambda schedule, optimizer, steps, upe=1: self.mutate(fn, schedule, optimizer, steps, upe)
+
+
+def case(path: str):
+    return load_case(CASES / path)
+
+
+def caught(case_, backend: Backend) -> bool:
+    real = run_case(case_, Backend(backend.name))
+    assert real.passed, f"the control's case must pass unmodified: {real.message}"
+    return not run_case(case_, backend).passed
+
+
+def per_micro_batch(k: int) -> Callable[..., dict]:
+    # the scheduler stepped once per micro-batch of a k-micro-batch update: update t applies f(k·t)
+    def mutate(fn, schedule, optimizer, steps, upe):
+        out = fn(schedule, optimizer, steps * k, upe)
+        return {**out, "lr": out["lr"][::k]}
+
+    return mutate
+
+
+def off_by_one(fn, schedule, optimizer, steps, upe):
+    # scheduler.step() before optimizer.step(): update t applies f(t + 1)
+    out = fn(schedule, optimizer, steps + 1, upe)
+    return {**out, "lr": out["lr"][1:]}
+
+
+def default_lr_for_all(fn, schedule, optimizer, steps, upe):
+    # every group follows the top-level lr (group overrides ignored)
+    out = fn(schedule, optimizer, steps, upe)
+    return {**out, "lr": np.repeat(out["lr"][:, -1:], out["lr"].shape[1], axis=1)}
+
+
+def epoch_unit_ignored(fn, schedule, optimizer, steps, upe):
+    # a per-epoch schedule stepped every update
+    return fn(schedule.model_copy(update={"unit": "update"}), optimizer, steps, 1)
+
+
+def peak_one_update_early(fn, schedule, optimizer, steps, upe):
+    # the warm-up reaches the peak at update W - 1 (the seed's 1-based reading applied to 0-based t)
+    spec = schedule.model_copy(update={"warmup_steps": schedule.warmup_steps - 1, "total_steps": schedule.total_steps - 1})
+    return fn(spec, optimizer, steps, upe)
+
+
+@pytest.mark.parametrize("name", ["torch", "jax"])
+@pytest.mark.parametrize(("path", "mutate"), [
+    ("generated/warmup-cosine-torch.toml", per_micro_batch(4)),
+    ("generated/step-default-gamma.toml", per_micro_batch(2)),
+    ("generated/warmup-cosine-optax.toml", off_by_one),
+    ("seed-001-steplr.toml", off_by_one),
+    ("generated/step-two-groups.toml", default_lr_for_all),
+    ("generated/step-per-epoch.toml", epoch_unit_ignored),
+    ("seed-000-warmup-cosine-from-zero.toml", peak_one_update_early),
+], ids=["per-micro-batch-warmup", "per-micro-batch-step", "off-by-one-warmup", "off-by-one-seed",
+        "groups-ignored", "epoch-unit-ignored", "peak-one-early"])
+def test_wrong_counting_is_caught(name: str, path: str, mutate) -> None:
+    assert caught(case(path), Mutant(name, mutate))
+
+
+def test_uncast_int32_count_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # optax's int32 count without the float64 cast: int32 / int is float32 (semantics.md §0.2)
+    def int32_step(count: Any, updates_per_epoch: int = 1) -> Any:
+        count = jnp.asarray(count)
+        return count // updates_per_epoch if updates_per_epoch != 1 else count
+
+    c = case("generated/exponential-0.9.toml")
+    assert run_case(c, Backend("jax")).passed
+    monkeypatch.setattr(jax_schedules, "schedule_step", int32_step)
+    result = run_case(c, Backend("jax"))
+    assert not result.passed and result.max_abs_err > 1e-12
+
+
+def test_optax_cosine_clamp_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # optax.cosine_decay_schedule holds eta_min past t_max; torch's CosineAnnealingLR climbs back
+    def clamped(b: float, eta: float, t_max: int):
+        unit = optax.cosine_decay_schedule(1.0, t_max)
+        return lambda s: eta + (b - eta) * unit(s)
+
+    c = case("generated/cosine-past-t-max.toml")
+    monkeypatch.setattr(jax_schedules, "_torch_cosine", clamped)
+    assert not run_case(c, Backend("jax")).passed
+
+
+def test_optax_onecycle_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # optax.cosine_onecycle_schedule puts the phase ends at int(pct·T) and T, one update later than torch
+    real = jax_schedules.lr_schedule
+
+    def optax_onecycle(spec, b):
+        if spec.name != "onecycle":
+            return real(spec, b)
+        return optax.cosine_onecycle_schedule(spec.total_steps, b, spec.pct_start, spec.div_factor,
+                                              spec.final_div_factor)
+
+    c = case("generated/onecycle-defaults-sgd.toml")
+    monkeypatch.setattr(jax_schedules, "lr_schedule", optax_onecycle)
+    assert not run_case(c, Backend("jax")).passed
+
+
+def test_sequential_without_restart_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a part that continues from the global count instead of restarting at its milestone
+    def join(schedules, boundaries):
+        def schedule(step):
+            out = schedules[0](step)
+            for boundary, fn in zip(boundaries, schedules[1:]):
+                out = jnp.where(step < boundary, out, fn(step))
+            return out
+        return schedule
+
+    c = case("generated/sequential-linear-exponential.toml")
+    monkeypatch.setattr(jax_schedules.optax, "join_schedules", join)
+    assert not run_case(c, Backend("jax")).passed
+
+
+def test_momentum_not_cycled_is_caught() -> None:
+    def fixed_momentum(fn, schedule, optimizer, steps, upe):
+        out = fn(schedule, optimizer, steps, upe)
+        return {**out, "momentum": np.full_like(out["momentum"], schedule.max_momentum)}
+
+    assert caught(case("generated/onecycle-defaults-sgd.toml"), Mutant("torch", fixed_momentum))
+
+
+def test_seed_cosine_misprint_is_caught(tmp_path) -> None:
+    """The seed's printed cosine table (two misprints) as expected values fails on every backend."""
+    c = case("seed-001-cosine.toml")
+    text = (CASES / "seed-001-cosine.toml").read_text()
+    wrong = text.replace("[0.001, 0.000855, 0.000505, 0.000155, 0.00001]", "[0.001, 0.000854, 0.000505, 0.000156, 0.00001]")
+    assert wrong != text
+    import tomllib
+
+    bad = parse_case(tomllib.loads(wrong), tmp_path / "seed-misprint.toml")
+    for name in ("torch", "jax", "oracle"):
+        assert run_case(c, Backend(name)).passed
+        assert not run_case(bad, Backend(name)).passed

@@ -1,0 +1,137 @@
+"""`twinstep schedule CONFIG` and `twinstep plot schedule CONFIG -o lr.png`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib.figure
+import numpy as np
+import pytest
+
+from conformance.cli import main
+from conformance.cli import plot as plot_cli
+from conformance.cli import schedule as schedule_cli
+from conformance.spec import load_config
+
+CONFIG = """
+[optimizer]
+name = "adamw"
+lr = 3e-4
+[[optimizer.groups]]
+params = ["head.*"]
+lr = 1e-3
+[schedule]
+name = "warmup_cosine"
+warmup_steps = 20
+total_steps = 100
+eta_min = 1e-5
+[run]
+max_updates = 120
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_schedule_table(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedule", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    assert "schedule: warmup_cosine" in out and "120 updates from the planned run" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("groups[0]", "default"))}
+    # base lr, first, peak, at update, last: the peak comes at update warmup_steps (= 20)
+    assert rows["groups[0]"][1:5] == ["0.001", "0", "0.001", "20"]
+    assert rows["default"][1:5] == ["0.0003", "0", "0.0003", "20"]
+    assert float(rows["default"][5]) == pytest.approx(1e-5)  # held at eta_min after update 100
+    assert "update      20  warm-up ends: peak lr" in out
+    assert "update     100  eta_min reached and held" in out
+    assert "max |lr - torch lr|: jax" in out and "oracle" in out
+
+
+def test_schedule_steps_override_and_notes(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedule", str(config_file), "--steps", "10", "--backend", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "10 updates from --steps" in out
+    assert "note: schedule.warmup_steps = 20 is longer than the run (10 updates)" in out
+
+
+def test_schedule_run_too_short_is_an_error(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedule", str(config_file), "--set", "run.max_updates=15"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twinstep: error: schedule.warmup_steps = 20 is longer than the run") and err.count("\n") == 1
+
+
+def test_schedule_epoch_unit_needs_updates_per_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text('[schedule]\nname = "step"\nunit = "epoch"\nstep_size = 2\n[run]\nmax_updates = 12\n')
+    assert main(["schedule", str(path), "--updates-per-epoch", "3", "--backend", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "3 updates per epoch" in out and "update       6  x gamma = 0.1" in out
+
+
+def test_planned_updates_prefers_run_max_updates() -> None:
+    config = load_config({"run": {"max_updates": 77}})
+    assert schedule_cli.planned_updates(config) == 77
+
+
+def test_plot_schedule_writes_png_with_both_backends(config_file: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    labels: list[str] = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        for ax in fig.axes:
+            labels.extend(line.get_label() for line in ax.get_lines())
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    out = tmp_path / "lr.png"
+    assert main(["plot", "schedule", str(config_file), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert {"groups[0] (torch)", "groups[0] (jax)", "default (torch)", "default (jax)"} <= set(labels)
+
+
+def test_plot_onecycle_draws_momentum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[str] = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (drawn.extend(ax.get_ylabel() for ax in fig.axes), real_savefig(fig, *a, **k)))
+    out = tmp_path / "cycle.png"
+    args = ["plot", "schedule", "--set", "schedule.name=onecycle", "--set", "schedule.total_steps=50",
+            "--set", "optimizer.name=sgd", "--steps", "50", "-o", str(out)]
+    assert main(args) == 0
+    assert drawn == ["learning rate", "momentum"]
+
+
+def test_plot_metrics_is_not_available_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", "metrics", "run/metrics.jsonl"]) == 2
+    assert "twinstep plot metrics needs the trainer's metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_registry_takes_kinds_from_cli_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that defines add_plot_parser adds its kind (here: a stand-in for a metrics module)."""
+    import types
+
+    fake = types.ModuleType("conformance.cli.fake_metrics")
+    fake.add_plot_parser = lambda plots: plots.add_parser("metrics").set_defaults(run=lambda a: 0)  # type: ignore[attr-defined]
+    real_import = plot_cli.importlib.import_module
+    monkeypatch.setattr(plot_cli.pkgutil, "iter_modules",
+                        lambda path: [types.SimpleNamespace(name="schedule"), types.SimpleNamespace(name="fake_metrics")])
+    monkeypatch.setattr(plot_cli.importlib, "import_module",
+                        lambda name: fake if name.endswith("fake_metrics") else real_import(name))
+    parser = argparse.ArgumentParser()
+    kinds = plot_cli.register_plots(parser.add_subparsers())
+    assert kinds == ["metrics", "schedule"]
+
+
+def test_key_points_of_sequential() -> None:
+    spec = load_config({"schedule": {"name": "sequential", "milestones": [5], "schedulers": [
+        {"name": "warmup_cosine", "warmup_steps": 2, "total_steps": 10}, {"name": "step", "step_size": 3}]}}).schedule
+    assert schedule_cli.key_points(spec)[:4] == [
+        (2, "part 0: warm-up ends: peak lr"), (5, "milestone: part 1 (step) starts"),
+        (8, "part 1: x gamma = 0.1"), (11, "part 1: x gamma = 0.1")]
+    assert np.all(np.diff([p for p, _ in schedule_cli.key_points(spec)]) > 0)
