@@ -1,0 +1,102 @@
+"""Gradient clipping in NumPy float64, from the equations (see conformance.spec.clip).
+
+With gradients g_k (one array per parameter) and p = norm_type:
+
+    n_k = ‖g_k‖_p,   n = ‖(n_1, …, n_K)‖_p           (torch's get_total_norm: norms of norms)
+    global norm, eps > 0:  g ← g · min(c / (n + eps), 1)
+    global norm, eps = 0:  g ← g if n < c else (g / n) · c   (optax.clip_by_global_norm; g / n
+                           is evaluated as g · (1 / n), as XLA rewrites a division by a scalar)
+    per parameter:         the same with n_k in place of n, for each k
+    by value:              g ← clamp(g, -v, v)
+
+The returned `total_norm` is n before clipping. ‖x‖_inf = max |x_i|.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from conformance.errors import InputError, NonFiniteError
+from conformance.spec.clip import ClipSpec
+
+
+def vector_norm(x: np.ndarray, p: float) -> float:
+    """‖x‖_p of a flattened array; NaN anywhere gives NaN (as torch.linalg.vector_norm)."""
+    a = np.abs(np.asarray(x, np.float64).ravel())
+    if a.size == 0:
+        return 0.0
+    if np.isnan(a).any():
+        return math.nan
+    if math.isinf(p):
+        return float(a.max())
+    if p == 1:
+        return float(a.sum())
+    if p == 2:
+        return float(np.sqrt(np.sum(a * a)))
+    return float(np.sum(a**p) ** (1.0 / p))
+
+
+def total_norm(grads: Mapping[str, np.ndarray], p: float) -> float:
+    """The norm of the per-parameter norms (the norm of all gradients as one vector)."""
+    if not grads:
+        return 0.0
+    return vector_norm(np.array([vector_norm(g, p) for g in grads.values()]), p)
+
+
+def first_nonfinite(grads: Mapping[str, Any]) -> str | None:
+    """The name of the first gradient (in mapping order) holding a NaN or inf, or None."""
+    for name, g in grads.items():
+        if not np.all(np.isfinite(np.asarray(g, np.float64))):
+            return name
+    return None
+
+
+def nonfinite_norm_message(spec: ClipSpec, norm: float, bad: str | None) -> str:
+    """The one-line error of `error_if_nonfinite`, shared by every backend."""
+    order = "inf" if math.isinf(spec.norm_type) else f"{spec.norm_type:g}"
+    if bad is not None:
+        return (f"clip.error_if_nonfinite: the gradient of {bad!r} is non-finite (total norm of "
+                f"order {order} is {norm})")
+    return (f"clip.error_if_nonfinite: the total gradient norm of order {order} overflowed to {norm} "
+            f"although every gradient is finite")
+
+
+def _scale(g: np.ndarray, n: float, spec: ClipSpec) -> np.ndarray:
+    c = spec.max_norm
+    if spec.eps == 0:
+        # XLA evaluates optax's g / n as g * (1 / n); the oracle mirrors it to stay bit-exact
+        return g if n < c else (g * (1.0 / n)) * c
+    return g * min(c / (n + spec.eps), 1.0)
+
+
+def clip_and_norm(
+    spec: ClipSpec, grads: Mapping[str, np.ndarray], dtype: str = "float64"
+) -> dict[str, Any]:
+    """Clip NumPy gradients: {"grads": {name: array}, "total_norm": float} (norm before clipping).
+
+    Raises NonFiniteError naming the first non-finite gradient when spec.error_if_nonfinite."""
+    if not isinstance(grads, Mapping):
+        raise InputError(f"grads must be a table of parameter name -> array; received {type(grads).__name__}")
+    g = {k: np.asarray(v, np.float64) for k, v in grads.items()}
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN gradients are valid inputs
+        return _clip(spec, g)
+
+
+def _clip(spec: ClipSpec, g: dict[str, np.ndarray]) -> dict[str, Any]:
+    n = total_norm(g, spec.norm_type)
+    if spec.error_if_nonfinite and not math.isfinite(n):
+        raise NonFiniteError(nonfinite_norm_message(spec, n, first_nonfinite(g)))
+    mode = spec.mode
+    if mode == "value":
+        out = {k: np.clip(v, -spec.clip_value, spec.clip_value) for k, v in g.items()}
+    elif mode == "global_norm":
+        out = {k: _scale(v, n, spec) for k, v in g.items()}
+    elif mode == "per_parameter":
+        out = {k: _scale(v, vector_norm(v, spec.norm_type), spec) for k, v in g.items()}
+    else:
+        out = dict(g)
+    return {"grads": out, "total_norm": n}

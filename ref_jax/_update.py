@@ -1,0 +1,114 @@
+"""One optimizer update, the whole path, for the JAX trainer (issue 7) and tests/test_update_path.py.
+
+    scale → grad over the window (accumulation) → unscale + finite check → clip → tx.update, kept only
+    if finite (else parameters and optimizer state stay as they were) → loss-scale update
+
+`make_update_step` returns one pure function (jit it once) over an UpdateState; the host then calls
+`finish_update` to apply the non-finite policy (a jitted step cannot raise). The learning rate is
+host-driven: pass `hyperparams` (e.g. {"learning_rate": schedule(precision.schedule_position(t,
+skipped))}) to a tx built with optax.inject_hyperparams, so a skipped update holds or advances the
+schedule exactly as the torch trainer's scheduler.step() does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from conformance.spec.accumulation import AccumulationSpec
+from conformance.spec.clip import ClipSpec
+from conformance.spec.precision import PrecisionSpec
+from ref_jax.accumulation import accumulate_gradients
+from ref_jax._clip_transforms import clip_transform
+from ref_jax.clipping import check_norm, total_norm
+from ref_jax.precision import (LossScaleState, SkipState, check_nonfinite, finite_flags, grads_finite,
+                               record_update, scale_loss, unscale_grads, update_scale)
+
+
+class UpdateSpecs(NamedTuple):
+    accumulation: AccumulationSpec
+    clip: ClipSpec
+    precision: PrecisionSpec
+
+
+class UpdateState(NamedTuple):
+    params: Any
+    opt_state: Any
+    scale: LossScaleState
+    skips: SkipState
+
+
+class UpdateInfo(NamedTuple):
+    """Device-side results of one update; finish_update turns them into metrics."""
+
+    loss: Any
+    grad_norm: Any
+    skipped: Any
+    loss_scale: Any
+    loss_finite: Any
+    grads_finite: Any
+
+
+def _with_hyperparams(opt_state: Any, hyperparams: Mapping[str, Any] | None) -> Any:
+    if not hyperparams:
+        return opt_state
+    return opt_state._replace(hyperparams={**opt_state.hyperparams, **hyperparams})
+
+
+def make_update_step(
+    specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any]
+) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
+    """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update."""
+    prec = specs.precision
+
+    def step(state: UpdateState, window: Any, counts: Any = None,
+             hyperparams: Mapping[str, Any] | None = None) -> tuple[UpdateState, UpdateInfo]:
+        scaler = (lambda loss: scale_loss(state.scale, loss)) if prec.dynamic_scaling else None
+        grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
+                                          scale_loss=scaler)
+        if prec.dynamic_scaling:
+            grads, grads_ok = unscale_grads(state.scale, grads)  # before clipping
+        else:
+            grads_ok = grads_finite(grads)
+        loss_ok = jnp.all(jnp.isfinite(out.loss))
+        finite = grads_ok & loss_ok
+        norm = total_norm(grads, specs.clip.norm_type)  # no host check inside the step
+        clip = clip_transform(specs.clip)
+        clipped, _ = clip.update(grads, clip.init(grads))
+        opt_state = _with_hyperparams(state.opt_state, hyperparams)
+        updates, new_opt = tx.update(clipped, opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+
+        # error_if_nonfinite raises on the host (finish_update), so apply nothing here either
+        applied = finite & jnp.isfinite(norm) if specs.clip.error_if_nonfinite else finite
+
+        def keep(new: Any, old: Any) -> Any:  # a skipped update changes nothing
+            return jax.tree.map(lambda n, o: jnp.where(applied, n, o), new, old)
+
+        _, grad_flags = finite_flags(out.loss, grads)
+        new_state = UpdateState(keep(new_params, state.params), keep(new_opt, opt_state),
+                                update_scale(prec, state.scale, finite), record_update(state.skips, finite))
+        info = UpdateInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags)
+        return new_state, info
+
+    return step
+
+
+def finish_update(specs: UpdateSpecs, state: UpdateState, info: UpdateInfo,
+                  update: int | None = None) -> dict[str, Any]:
+    """Host side of an update: apply the non-finite policy (NonFiniteError) and return the metrics
+    {loss, grad_norm, skipped, loss_scale, schedule_advanced}."""
+    skipped = bool(info.skipped)
+    if skipped:
+        check_nonfinite(specs.precision, state.skips, info.loss_finite, info.grads_finite, update)
+    else:
+        check_norm(specs.clip, info.grad_norm, info.grads_finite)
+    return {
+        "loss": float(info.loss), "grad_norm": float(info.grad_norm), "skipped": skipped,
+        "loss_scale": float(info.loss_scale) if specs.precision.dynamic_scaling else None,
+        "schedule_advanced": specs.precision.schedule_advances(skipped),
+    }

@@ -1,0 +1,149 @@
+"""Gradient accumulation over a window of micro-batches, normalized once from sums and counts.
+
+normalize = "micro_batches": each micro-batch backpropagates value_j / n, n the window's real size
+(an incomplete last window is divided by its own count, seed 000's remainder correction);
+normalize = "tokens": each backpropagates sum_j / N with N = Σ_j count_j known before the first
+forward pass, so the window's gradient is the full-batch gradient (the 2024 accumulation fix).
+See conformance.spec.accumulation. The `accumulate` case model is linear: x @ w + b.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from conformance.errors import InputError
+from conformance.oracle.accumulation import prepare_windows
+from conformance.spec.accumulation import AccumulationSpec
+from conformance.spec.loss import LossSpec
+from ref_torch.backend import framework_dtype, to_numpy
+from ref_torch.losses import compute_loss
+
+
+class WindowOutput(NamedTuple):
+    """One window's loss as backpropagated (normalized, before loss scaling, no gradient), the
+    summed loss of its micro-batches, and the divisor (N for tokens, n for micro_batches)."""
+
+    loss: Any
+    sum: Any
+    count: Any
+
+
+def _host_total(counts: Any) -> float | None:
+    # counts given as plain numbers can be checked on the host; framework arrays are not synced
+    if isinstance(counts, np.ndarray) or (isinstance(counts, (list, tuple)) and all(
+            isinstance(c, (int, float, np.integer, np.floating)) for c in counts)):
+        return float(np.sum(np.asarray(counts, np.float64)))
+    return None
+
+
+def check_window(spec: AccumulationSpec, size: int, counts: Any) -> None:
+    """Raise InputError if a window of `size` micro-batches (with these counts) cannot be accumulated."""
+    if size < 1:
+        raise InputError("an accumulation window needs at least one micro-batch")
+    if size > spec.steps:
+        raise InputError(f"the window has {size} micro-batches; accumulation.steps = {spec.steps}")
+    if spec.normalize != "tokens":
+        return
+    if counts is None:
+        raise InputError("accumulation.normalize = 'tokens' needs counts: the valid elements of each "
+                         "micro-batch, known before the forward pass (conformance.validate.valid_count)")
+    if len(counts) != size:
+        raise InputError(f"counts has {len(counts)} entries for a window of {size} micro-batches")
+    total = _host_total(counts)
+    if total is not None and total == 0:
+        raise InputError("the accumulation window has no valid elements (every target is masked or ignored); "
+                         "normalize = 'tokens' would divide by 0")
+
+
+def accumulate_gradients(
+    spec: AccumulationSpec,
+    loss_fn: Callable[[Any, Any], Any],
+    params: Any,
+    window: Any,
+    counts: Any = None,
+    scale_loss: Callable[[Any], Any] | None = None,
+    reduce_count: Callable[[Any], Any] | None = None,
+    no_sync: Callable[[], Any] | None = None,
+) -> tuple[Any, WindowOutput]:
+    """Gradients of one accumulation window, normalized once; returns (gradients, WindowOutput).
+
+    loss_fn(params, micro_batch) -> LossOutput runs one micro-batch's forward pass (under autocast).
+    `window` is a sequence of micro-batches (JAX also takes a pytree of arrays stacked on a leading
+    axis: one lax.scan). micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N,
+    N = Σ counts (one count per micro-batch, from targets and masks before the forward pass);
+    reduce_count(N) replaces N, e.g. all-reduced over data-parallel ranks and divided by the world
+    size when DDP averages gradients. scale_loss multiplies each backpropagated loss (dynamic loss
+    scaling). no_sync() is entered for every micro-batch but the last (DDP's model.no_sync).
+    torch: gradients accumulate into each parameter's .grad (previous values are discarded) and are
+    returned as {name: p.grad}; JAX: returned as a pytree like params (traceable inside jit)."""
+    if not isinstance(params, Mapping):
+        raise InputError("params must be a mapping of name -> parameter, e.g. dict(model.named_parameters())")
+    micro = list(window)
+    n = len(micro)
+    check_window(spec, n, counts)
+    for p in params.values():
+        p.grad = None
+    divisor: Any = float(n)
+    if spec.normalize == "tokens":
+        total = counts.sum() if isinstance(counts, torch.Tensor) else torch.as_tensor(
+            np.sum(np.asarray([float(c) for c in counts], np.float64)))
+        divisor = reduce_count(total) if reduce_count is not None else total
+    loss_total: Any = 0.0
+    sum_total: Any = 0.0
+    for j, mb in enumerate(micro):
+        ctx = no_sync() if (no_sync is not None and j < n - 1) else contextlib.nullcontext()
+        with ctx:
+            out = loss_fn(params, mb)
+            if spec.normalize == "tokens":
+                part = out.sum / torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
+            else:
+                part = out.value / n
+            (scale_loss(part) if scale_loss is not None else part).backward()
+        loss_total = loss_total + part.detach()
+        sum_total = sum_total + out.sum.detach()
+    count = divisor if isinstance(divisor, torch.Tensor) else torch.tensor(divisor, dtype=torch.float64)
+    return {k: p.grad for k, p in params.items()}, WindowOutput(loss_total, sum_total, count)
+
+
+def linear_forward(params: Any, x: Any) -> Any:
+    """The `accumulate` case model: x @ w + b (torch: addmm, which autocast runs wholly in low precision)."""
+    return torch.addmm(params["b"], x, params["w"])
+
+
+def _tensor(a: np.ndarray, dt: Any) -> Any:
+    a = np.asarray(a)
+    return torch.tensor(a) if np.issubdtype(a.dtype, np.integer) or a.dtype == bool else torch.tensor(
+        a.astype(np.float64), dtype=dt)
+
+
+def window_gradients(
+    loss_spec: LossSpec,
+    spec: AccumulationSpec,
+    params: dict[str, np.ndarray],
+    micro_batches: list[dict[str, np.ndarray]],
+    dtype: str = "float64",
+) -> dict[str, Any]:
+    """Accumulated gradients of the linear model over each window of `micro_batches`.
+
+    Returns {"grads": [{w, b} per window], "loss": [per window], "count": [the divisor per
+    window]} as float64 NumPy."""
+    windows = prepare_windows(loss_spec, spec, params, micro_batches)
+    dt = framework_dtype(dtype)
+    model = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64), dtype=dt)) for k, v in params.items()}
+
+    def loss_fn(p: Any, mb: Any) -> Any:
+        return compute_loss(loss_spec, linear_forward(p, mb["x"]), mb["y"], None, mb.get("mask"))
+
+    out: dict[str, list[Any]] = {"grads": [], "loss": [], "count": []}
+    for window in windows:
+        batches = [{k: _tensor(v, dt) for k, v in mb.items()} for mb, _ in window]
+        grads, res = accumulate_gradients(spec, loss_fn, model, batches, counts=[c for _, c in window])
+        out["grads"].append({k: to_numpy(g) for k, g in grads.items()})
+        out["loss"].append(float(res.loss))
+        out["count"].append(float(res.count))
+    return out

@@ -1,0 +1,260 @@
+"""Mixed precision: dtype policy, matmul precision, dynamic loss scaling, the non-finite policy.
+
+The update-level order (seed 000's loop; CONTRACT.md §2):
+
+    scale_loss → backward (accumulation) → unscale_grads (finite check) → clip → optimizer step,
+    or skip (parameters and optimizer state untouched) → update_scale → schedule step or hold
+
+Dynamic loss scaling is torch.amp.GradScaler's state machine on a neutral LossScaleState
+(scale: float32 scalar, growth_tracker: int32 scalar); see conformance.oracle.precision for the
+rules. Checkpoints store it as {"scale": float, "growth_tracker": int} (scale_state_to_dict).
+An update is non-finite when the loss or any *unscaled* gradient element is NaN/inf.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from conformance.errors import InputError
+from conformance.oracle import precision as neutral
+from conformance.spec.precision import PrecisionSpec
+from ref_torch.backend import framework_dtype
+
+
+def _map_floating(tree: Any, dtype: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, Mapping):
+        return type(tree)((k, _map_floating(v, dtype)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_floating(v, dtype) for v in tree)
+    return tree
+
+
+class Policy(NamedTuple):
+    """Dtypes of mixed precision: parameters (master weights and optimizer state), forward compute,
+    model outputs. Only floating-point arrays are cast."""
+
+    param_dtype: Any
+    compute_dtype: Any
+    output_dtype: Any
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """Cast the floating arrays of a pytree to the parameter dtype."""
+        return _map_floating(tree, self.param_dtype)
+
+    def cast_to_compute(self, tree: Any) -> Any:
+        """Cast the floating arrays of a pytree to the compute dtype."""
+        return _map_floating(tree, self.compute_dtype)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """Cast the floating arrays of a pytree to the output dtype."""
+        return _map_floating(tree, self.output_dtype)
+
+
+def get_policy(spec: PrecisionSpec) -> Policy:
+    """The dtype policy of a [precision] spec (master float32/float64, compute `dtype`)."""
+    return Policy(framework_dtype(spec.param_dtype), framework_dtype(spec.compute_dtype),
+                  framework_dtype(spec.output_dtype))
+
+
+@contextlib.contextmanager
+def numerics_context(spec: PrecisionSpec) -> Iterator[None]:
+    """Matmul precision for the whole update (forward and backward): TF32 when spec.allow_tf32, else
+    full float32 (torch: allow_tf32 flags and float32_matmul_precision; JAX: default_matmul_precision
+    "tensorfloat32" or "float32", plus 64-bit types for float64 runs). Restores the previous settings."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = spec.allow_tf32
+    torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+    torch.set_float32_matmul_precision("high" if spec.allow_tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def autocast(spec: PrecisionSpec, device_type: str = "cpu") -> contextlib.AbstractContextManager:
+    """The context for the forward pass and loss: torch.autocast to the compute dtype when it is
+    bfloat16/float16 (off otherwise). JAX has no autocast: models apply get_policy(spec) explicitly,
+    so there it is a no-op."""
+    return torch.autocast(device_type, dtype=framework_dtype(spec.compute_dtype), enabled=spec.autocast)
+
+
+class LossScaleState(NamedTuple):
+    """Dynamic loss-scale state, as GradScaler's: `scale` (float32 scalar) and `growth_tracker`
+    (int32 scalar: finite updates in a row since the scale last changed)."""
+
+    scale: Any
+    growth_tracker: Any
+
+
+def init_scale_state(spec: PrecisionSpec, device: Any = None) -> LossScaleState:
+    """The initial state: scale = float32(spec.init_scale) (1.0 without dynamic scaling), tracker 0."""
+    init = spec.init_scale if spec.dynamic_scaling else 1.0
+    return LossScaleState(torch.full((), init, dtype=torch.float32, device=device),
+                          torch.zeros((), dtype=torch.int32, device=device))
+
+
+def scale_state_to_dict(state: LossScaleState) -> dict[str, Any]:
+    """The neutral, JSON-able checkpoint form: {"scale": float, "growth_tracker": int}."""
+    return {"scale": float(state.scale), "growth_tracker": int(state.growth_tracker)}
+
+
+def scale_state_from_dict(data: Mapping[str, Any], device: Any = None) -> LossScaleState:
+    """Rebuild a state from scale_state_to_dict's form (GradScaler.state_dict()'s is accepted too)."""
+    tracker = data.get("growth_tracker", data.get("_growth_tracker"))
+    if "scale" not in data or tracker is None:
+        raise InputError("loss-scale state needs 'scale' and 'growth_tracker'; received keys "
+                         f"{sorted(data)}")
+    return LossScaleState(torch.full((), float(data["scale"]), dtype=torch.float32, device=device),
+                          torch.full((), int(tracker), dtype=torch.int32, device=device))
+
+
+def scale_loss(state: LossScaleState, loss: Any) -> Any:
+    """The loss multiplied by the scale (GradScaler.scale)."""
+    return loss * state.scale.to(device=loss.device)
+
+
+def _by_device_dtype(grads: list[Any]) -> dict[tuple[Any, Any], list[Any]]:
+    groups: dict[tuple[Any, Any], list[Any]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    return groups
+
+
+@torch.no_grad()
+def _check_and_unscale(grads: list[Any], inv_scale: Any, home: Any) -> Any:
+    found = torch.zeros((), dtype=torch.float32, device=home)
+    for (device, _), group in _by_device_dtype(grads).items():
+        found_here = torch.zeros((), dtype=torch.float32, device=device)
+        inv = inv_scale.to(device)
+        # GradScaler's kernel: multiply by inv_scale; then a pure check (inv 1) of the unscaled
+        # values, because a finite scaled gradient can overflow when the scale has fallen below 1
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found_here, inv)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found_here, torch.ones_like(inv))
+        found = found + found_here.to(home)
+    return found
+
+
+def unscale_grads(state: LossScaleState, grads: Any) -> tuple[Any, Any]:
+    """Multiply gradients by float32(1 / float64(scale)) and check them: returns (gradients, finite),
+    finite a boolean scalar that is False if any unscaled element is NaN/inf. torch unscales the
+    given tensors in place (pass {name: p.grad}); JAX returns new arrays."""
+    tensors = [g for g in grads.values() if g is not None]
+    inv_scale = state.scale.double().reciprocal().float()
+    found = _check_and_unscale(tensors, inv_scale, state.scale.device)
+    return grads, found == 0
+
+
+def grads_finite(grads: Any) -> Any:
+    """A boolean scalar: every gradient element is finite (no unscaling)."""
+    tensors = [g for g in grads.values() if g is not None]
+    if not tensors:
+        return torch.tensor(True)
+    home = tensors[0].device
+    return _check_and_unscale(tensors, torch.ones((), dtype=torch.float32, device=home), home) == 0
+
+
+def update_scale(spec: PrecisionSpec, state: LossScaleState, finite: Any) -> LossScaleState:
+    """GradScaler.update on a state: back off after a non-finite update, grow after growth_interval
+    finite ones (see the module docstring). Returns a new state; unchanged without dynamic scaling."""
+    if not spec.dynamic_scaling:
+        return state
+    scale, tracker = state.scale.clone(), state.growth_tracker.clone()
+    found_inf = (~torch.as_tensor(finite, device=scale.device)).to(torch.float32)
+    torch._amp_update_scale_(scale, tracker, found_inf, spec.growth_factor, spec.backoff_factor,
+                             spec.growth_interval)
+    return LossScaleState(scale, tracker)
+
+
+def finite_flags(loss: Any, grads: Any) -> tuple[Any, dict[str, Any]]:
+    """(loss finite, {name: gradient finite}) as boolean scalars, for naming the bad tensor."""
+    flags = {k: torch.isfinite(g).all() for k, g in grads.items() if g is not None}
+    return torch.isfinite(loss).all(), flags
+
+
+class SkipState(NamedTuple):
+    """Counters of the non-finite policy: `skipped` (total skipped updates) and `consecutive`
+    (skipped updates in a row, 0 after an applied one)."""
+
+    skipped: Any
+    consecutive: Any
+
+
+def init_skip_state() -> SkipState:
+    """No update skipped yet."""
+    return SkipState(0, 0)
+
+
+def record_update(state: SkipState, finite: Any) -> SkipState:
+    """Count one update: a non-finite one is skipped (both counters +1), a finite one resets the run."""
+    ok = bool(finite)
+    return SkipState(state.skipped + (not ok), 0 if ok else state.consecutive + 1)
+
+
+def check_nonfinite(spec: PrecisionSpec, state: SkipState, loss_finite: Any, grads_finite: Any,
+                    update: int | None = None) -> None:
+    """Host-side policy after record_update: NonFiniteError naming the first non-finite tensor (the
+    loss, else the first gradient) under on_nonfinite = "raise", or once more than
+    max_consecutive_skips updates in a row were skipped. Synchronizes."""
+    neutral.check_nonfinite(spec, int(state.consecutive), bool(loss_finite),
+                            {k: bool(v) for k, v in grads_finite.items()}, update)
+
+
+class LossScaler:
+    """A thin stateful object over the functional core, GradScaler's interface for a loop:
+    scale(loss), unscale(grads) -> (grads, finite), update(finite), state_dict()/load_state_dict().
+    Without dynamic scaling it is GradScaler(enabled=False): scale is the identity, unscale only checks."""
+
+    def __init__(self, spec: PrecisionSpec, device: Any = None) -> None:
+        self.spec = spec
+        self.state = init_scale_state(spec, device)
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec.dynamic_scaling
+
+    def scale(self, loss: Any) -> Any:
+        return scale_loss(self.state, loss) if self.enabled else loss
+
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        return unscale_grads(self.state, grads) if self.enabled else (grads, grads_finite(grads))
+
+    def update(self, finite: Any) -> None:
+        self.state = update_scale(self.spec, self.state, finite)
+
+    def get_scale(self) -> float | None:
+        """The scale in force (None when disabled), the `loss_scale` metric."""
+        return float(self.state.scale) if self.enabled else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return scale_state_to_dict(self.state)
+
+    def load_state_dict(self, data: Mapping[str, Any]) -> None:
+        self.state = scale_state_from_dict(data, self.state.scale.device)
+
+
+def loss_scale_trace(spec: PrecisionSpec, finite: list[bool], dtype: str = "float64") -> dict[str, Any]:
+    """Run the loss-scale state machine over per-update finite flags.
+
+    Returns {"scale": scale in force at each update, "skipped": per update, "growth_tracker":
+    after each update}; raises NonFiniteError per the non-finite policy."""
+    if not spec.dynamic_scaling:
+        return neutral.loss_scale_trace(spec, finite)  # raises the same InputError
+    state, skips = init_scale_state(spec), init_skip_state()
+    out: dict[str, list[Any]] = {"scale": [], "skipped": [], "growth_tracker": []}
+    for t, ok in enumerate(finite):
+        flag = torch.tensor(bool(ok))
+        out["scale"].append(float(state.scale))
+        out["skipped"].append(not bool(ok))
+        skips = record_update(skips, flag)
+        neutral.check_nonfinite(spec, skips.consecutive, True, {}, update=t, finite=bool(ok))
+        state = update_scale(spec, state, flag)
+        out["growth_tracker"].append(int(state.growth_tracker))
+    return out
