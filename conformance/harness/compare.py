@@ -75,7 +75,8 @@ def _walk(got: Any, want: Any, where: str, atol: float, rtol: float, state: dict
     if w.size == 0:
         return
     same_special = (np.isnan(g) & np.isnan(w)) | (np.isinf(w) & (g == w))
-    diff = np.where(same_special, 0.0, np.abs(g - w))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf − inf is handled by same_special
+        diff = np.where(same_special, 0.0, np.abs(g - w))
     diff = np.where(np.isnan(diff), np.inf, diff)
     bound = atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0))
     scale = np.abs(w)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from conformance import tomlio
 from conformance.errors import ConfigError
@@ -51,6 +51,14 @@ class Config(Section):
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run: RunSpec = Field(default_factory=RunSpec)
+
+    @model_validator(mode="after")
+    def _check_sections_together(self) -> "Config":
+        try:
+            self.accumulation.check_loss(self.loss.reduction)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 SECTIONS: dict[str, type[Section]] = {

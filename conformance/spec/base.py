@@ -181,6 +181,8 @@ def describe_error(err: Mapping[str, Any], model: type[BaseModel] | None, prefix
         if _FIELD_MARK in msg:
             sub, msg = msg.split(_FIELD_MARK, 1)
             return f"{format_loc((*loc, *_split_sub(sub)), prefix)} {msg}"
+        if not loc and not prefix:
+            return msg  # a whole-config check whose message names its own fields
         return f"{format_loc(loc, prefix)}: {msg}"
     msg = msg.replace("Input should be", "must be").replace("Input should", "must")
     if kind in ("literal_error", "enum"):
