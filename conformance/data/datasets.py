@@ -1,0 +1,257 @@
+"""The built-in data sets as NumPy arrays, split into train and validation, checked once on the host.
+
+    ds = load_dataset(spec, seed=0, block_size=64)
+    ds.info        # DataInfo: task, shapes, class count or vocabulary, sizes, sha256 fingerprint
+    ds.train.take(np.array([3, 1]))   # -> (x, y) for those samples
+
+Floating inputs are float64 (trainers cast to their compute dtype); class labels and tokens are int64.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib
+import importlib.resources
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from conformance.data.sampling import fingerprint, random_order, stream
+from conformance.errors import ConfigError, InputError
+from conformance.spec.data import DataSpec
+from conformance.validate import check_finite
+
+DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+BLOB_FEATURES, BLOB_INFORMATIVE = 20, 5  # seed 000: x ~ N(0, 1)^20, label = sum(x[:5]) > 0
+MAX_TEXT_BYTES = 1 << 30  # beyond 1 GiB a character-level corpus wants a real tokenizer pipeline
+DEFAULT_CORPUS = "pydoc_data.topics"
+
+Task = Literal["regression", "classification", "language_model"]
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model needs to know about the data: task, input width, outputs (regression targets,
+    classes or vocabulary size), text vocabulary and window length, split sizes and a fingerprint
+    (sha256 over every array, so a resumed run can tell that its data did not change)."""
+
+    name: str
+    task: Task
+    in_features: int | None
+    out_features: int
+    n_classes: int | None
+    vocab: tuple[str, ...] | None
+    block_size: int | None
+    n_train: int
+    n_val: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class ArraySplit:
+    """Samples stored as arrays: row i of x is an input, row i of y its target."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[index], self.y[index]
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """Windows over a token stream: sample i is tokens[s:s+T] with targets tokens[s+1:s+T+1],
+    s = starts[i] (targets are the inputs shifted by one)."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    block_size: int
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.starts[index][:, None] + np.arange(self.block_size + 1)
+        window = self.tokens[rows]
+        return window[:, :-1], window[:, 1:]
+
+
+Split = ArraySplit | TokenSplit
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A loaded data set: its train and validation splits and its DataInfo."""
+
+    train: Split
+    val: Split
+    info: DataInfo
+
+
+def n_validation(n: int, fraction: float) -> int:
+    """Validation samples out of n: round-half-up of n·fraction, at least 1 when fraction > 0."""
+    if fraction <= 0:
+        return 0
+    return max(1, int(math.floor(n * fraction + 0.5)))
+
+
+def _random_split(n: int, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # The last n_val of a seeded permutation; each part keeps the original sample order.
+    order = random_order(seed, "split", n)
+    return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
+
+
+def linear_regression(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seed 001 §3.2: x = linspace(-1, 1, n) as a column, y = 3x + 2."""
+    x = np.linspace(-1.0, 1.0, n).reshape(-1, 1)
+    return x, 3.0 * x + 2.0
+
+
+def binary_blobs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seed 000: x ~ N(0, 1)^20, label = 1 if x[:5].sum() > 0 else 0."""
+    x = stream(seed, "binary_blobs").standard_normal((n, BLOB_FEATURES))
+    return x, (x[:, :BLOB_INFORMATIVE].sum(axis=1) > 0).astype(np.int64)
+
+
+def digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    """The vendored 8×8 digits (scikit-learn's copy of UCI optdigits' test set): pixel counts
+    0..16 as float64 (1797, 64) and labels 0..9 as int64 (1797,)."""
+    raw = importlib.resources.files("conformance.data").joinpath("assets/digits.csv.gz").read_bytes()
+    if hashlib.sha256(raw).hexdigest() != DIGITS_SHA256:
+        raise InputError("conformance/data/assets/digits.csv.gz does not match its recorded sha256; reinstall twinstep")
+    table = np.loadtxt(io.BytesIO(gzip.decompress(raw)), delimiter=",", dtype=np.float64)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def default_corpus() -> str:
+    """Python's interactive help text (pydoc_data.topics, part of every CPython install): the
+    topics sorted by name, joined by newlines (about 465k characters on CPython 3.11)."""
+    try:
+        topics = importlib.import_module(DEFAULT_CORPUS).topics
+    except ImportError:
+        raise InputError(
+            f"data.path: the built-in corpus ({DEFAULT_CORPUS}) is missing from this Python; name a UTF-8 file"
+        ) from None
+    return "\n".join(topics[key] for key in sorted(topics))
+
+
+def read_corpus(path: str) -> str:
+    """A UTF-8 text file, read whole; a missing, unreadable, huge or non-UTF-8 file is one error."""
+    p = Path(path).expanduser()
+    try:
+        size = p.stat().st_size
+        if size > MAX_TEXT_BYTES:
+            raise InputError(f"data.path: {p} has {size} bytes; the limit is {MAX_TEXT_BYTES}")
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"data.path: {p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"data.path: {p} is a directory, not a text file") from None
+    except OSError as exc:
+        raise ConfigError(f"data.path: {p}: cannot read ({exc.strerror})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        byte = raw[exc.start]
+        raise InputError(f"data.path: {p} is not UTF-8 text (byte {byte:#04x} at offset {exc.start})") from None
+
+
+def check_split(dataset: str, split: str, x: np.ndarray, y: np.ndarray, task: Task, n_out: int) -> None:
+    """Host-side validation, once per data set: finite inputs, finite regression targets, integer
+    labels or tokens in range. Raises InputError naming the data set, split and index."""
+    where = f"{dataset} {split}"
+    if x.shape[0] != y.shape[0]:
+        raise InputError(f"{where}: {x.shape[0]} inputs but {y.shape[0]} targets")
+    if np.issubdtype(x.dtype, np.floating):
+        check_finite(f"{where} inputs", x)
+    if task == "regression":
+        check_finite(f"{where} targets", y)
+        return
+    if not np.issubdtype(y.dtype, np.integer):
+        raise InputError(f"{where} labels must be integers; received {y.dtype}")
+    bad = (y < 0) | (y >= n_out)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        kind = "token" if task == "language_model" else "label"
+        raise InputError(f"{where} {kind} {int(y[at])} at index {at} is out of range 0..{n_out - 1}")
+
+
+def _array_dataset(name: str, task: Task, x: np.ndarray, y: np.ndarray, n_val: int,
+                   split_seed: int | None, n_classes: int | None) -> Dataset:
+    n = x.shape[0]
+    if split_seed is None:  # seed 000: the first samples train, the last n_val validate
+        tr, va = np.arange(n - n_val), np.arange(n - n_val, n)
+    else:
+        tr, va = _random_split(n, n_val, split_seed)
+    train, val = ArraySplit(x[tr], y[tr]), ArraySplit(x[va], y[va])
+    n_out = n_classes if n_classes is not None else int(y.shape[1])
+    for label, part in (("train", train), ("validation", val)):
+        check_split(name, label, part.x, part.y, task, n_out)
+    info = DataInfo(name, task, int(x.shape[1]), n_out, n_classes, None, None, len(train), len(val),
+                    fingerprint(train.x, train.y, val.x, val.y, label=name))
+    return Dataset(train, val, info)
+
+
+def _windows(n_tokens: int, block_size: int, stride: int) -> np.ndarray:
+    if n_tokens < block_size + 1:
+        return np.zeros(0, np.int64)
+    return np.arange(0, n_tokens - block_size, stride, dtype=np.int64)
+
+
+def _text_dataset(spec: DataSpec, block_size: int) -> Dataset:
+    text = default_corpus() if spec.path is None else read_corpus(spec.path)
+    vocab = tuple(sorted(set(text)))
+    lookup = {ch: i for i, ch in enumerate(vocab)}
+    tokens = np.fromiter((lookup[ch] for ch in text), dtype=np.int64, count=len(text))
+    n_val = n_validation(len(tokens), spec.val_fraction or 0.0)
+    train_tokens, val_tokens = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+    stride = spec.stride or block_size
+    train = TokenSplit(train_tokens, _windows(len(train_tokens), block_size, stride), block_size)
+    val = TokenSplit(val_tokens, _windows(len(val_tokens), block_size, block_size), block_size)
+    source = spec.path or DEFAULT_CORPUS
+    if len(train) == 0:
+        raise InputError(
+            f"data.block_size: the training part of {source} has {len(train_tokens)} characters, "
+            f"too few for one window of {block_size} + 1"
+        )
+    if n_val and len(val) == 0:
+        raise InputError(
+            f"data.val_fraction: the validation part of {source} has {len(val_tokens)} characters, "
+            f"too few for one window of {block_size} + 1; raise val_fraction or set it to 0"
+        )
+    info = DataInfo("text", "language_model", None, len(vocab), None, vocab, block_size, len(train), len(val),
+                    fingerprint(tokens, np.frombuffer("".join(vocab).encode("utf-32-le"), np.uint32),
+                                label=f"text:{block_size}:{stride}:{n_val}"))
+    return Dataset(train, val, info)
+
+
+def load_dataset(spec: DataSpec, seed: int, block_size: int | None = None) -> Dataset:
+    """Load and split the data set `spec` names. `seed` (data.seed, else run.seed) draws synthetic
+    data and random splits; `block_size` is the text window (data.block_size, else model.block_size)."""
+    fraction = spec.val_fraction or 0.0
+    if spec.name == "linear_regression":
+        n = spec.n_samples or 64
+        x, y = linear_regression(n)
+        ds = _array_dataset("linear_regression", "regression", x, y, n_validation(n, fraction), seed, None)
+    elif spec.name == "binary_blobs":
+        n = spec.n_samples or 5120
+        x, y = binary_blobs(n, seed)
+        ds = _array_dataset("binary_blobs", "classification", x, y, n_validation(n, fraction), None, 2)
+    elif spec.name == "digits":
+        x, y = digits_raw()
+        ds = _array_dataset("digits", "classification", x / 16.0, y, n_validation(len(y), fraction), seed, 10)
+    else:
+        if block_size is None:
+            raise ConfigError("data.block_size is required for the text data set (or model.block_size)")
+        return _text_dataset(spec, block_size)
+    if len(ds.train) == 0:
+        raise ConfigError(f"data.val_fraction = {fraction} leaves no training samples out of {ds.info.n_val}")
+    return ds

@@ -1,0 +1,183 @@
+"""The built-in models as torch.nn modules: linear, mlp (the seeds' classifier) and gpt (nanoGPT).
+
+Parameter names, layouts and initial values are the framework-neutral ones of conformance.models
+(docs/models.md): `build_model` makes the module on the meta device and loads the NumPy initial
+parameters, so torch's own init never runs and its global generator is left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conformance.data.datasets import DataInfo
+from conformance.models import check_model_input, dims_from_params, init_params, model_dims
+from conformance.spec.model import ModelSpec
+from ref_torch.backend import framework_dtype
+
+_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+class LinearModel(nn.Linear):
+    """y = x W^T + b. Parameters: `weight` [out, in], `bias` [out]."""
+
+
+class MLP(nn.Sequential):
+    """Per hidden width: Linear, activation, LayerNorm (optional); then Linear. Parameters are named
+    by position as in nn.Sequential: `0.weight` [h, in], `0.bias`, `2.weight` (LayerNorm), ..."""
+
+    def __init__(self, in_features: int, hidden: list[int], out_features: int, activation: str = "gelu",
+                 norm: str = "layernorm", bias: bool = True) -> None:
+        layers: list[nn.Module] = []
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h, bias=bias), _ACTIVATIONS[activation]()]
+            if norm == "layernorm":
+                layers.append(nn.LayerNorm(h, bias=bias))
+            width = h
+        layers.append(nn.Linear(width, out_features, bias=bias))
+        super().__init__(*layers)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.n_head, self.dropout = n_head, dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d)))
+
+
+class _FeedForward(nn.Module):
+    def __init__(self, n_embd: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class _Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = _SelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = _FeedForward(n_embd, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer (nanoGPT): token + position embeddings, pre-LN blocks of causal
+    self-attention and a GELU MLP, final LayerNorm, lm_head tied to the token embedding.
+    Input: int token ids (B, T), T <= block_size; output: logits (B, T, vocab_size)."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+                 dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd),
+            wpe=nn.Embedding(block_size, n_embd),
+            drop=nn.Dropout(dropout),
+            h=nn.ModuleList([_Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd, bias=bias),
+        ))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        # The tie must be redone whenever parameters are replaced (to_empty, load).
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def _make(spec: ModelSpec, info: DataInfo | None) -> nn.Module:
+    dims = model_dims(spec, info)
+    if spec.name == "linear":
+        return LinearModel(dims.in_features, dims.out_features, bias=spec.bias)
+    if spec.name == "mlp":
+        return MLP(dims.in_features, list(spec.hidden), dims.out_features, spec.activation, spec.norm, spec.bias)
+    return GPT(dims.vocab_size, dims.block_size, spec.n_layer, spec.n_head, spec.n_embd, spec.dropout, spec.bias)
+
+
+def _load(model: nn.Module, params: dict[str, np.ndarray]) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(np.ascontiguousarray(params[name])).to(p.dtype))
+
+
+def build_model(spec: ModelSpec, info: DataInfo | None, seed: int = 0, dtype: str = "float32",
+                device: Any = None) -> Any:
+    """The model `spec` describes, with conformance.models.init_params(spec, info, seed) cast to
+    `dtype`, on `device` (default: the CPU), in training mode."""
+    with torch.device("meta"):
+        model = _make(spec, info)
+    model = model.to_empty(device=device or "cpu").to(framework_dtype(dtype))
+    if isinstance(model, GPT):
+        model.tie_weights()
+    _load(model, init_params(spec, info, seed))
+    return model.train()
+
+
+def named_parameters(model: Any) -> dict[str, Any]:
+    """The model's parameters by neutral name, in the canonical order (tied weights once)."""
+    return dict(model.named_parameters())
+
+
+def functional(model: Any) -> Callable[..., Any]:
+    """The model as a pure function f(params, x, key=None) of a {name: array} dict. On JAX `key`
+    drives dropout (None: no dropout); torch draws dropout from its generator in train mode."""
+
+    def apply(params: dict[str, Any], x: Any, key: Any = None) -> Any:
+        del key  # torch's dropout uses the global generator
+        return torch.func.functional_call(model, params, (x,), tie_weights=True)
+
+    return apply
+
+
+def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype: str = "float64") -> np.ndarray:
+    """Evaluate the model on NumPy input with the given neutral parameters (eval mode): the output
+    as float64 NumPy. The input is checked on the host first (same InputError on every backend)."""
+    check_model_input(spec, params, x)
+    shapes = {k: tuple(v.shape) for k, v in params.items()}
+    with torch.device("meta"):
+        model = _make_from_shapes(spec, shapes)
+    model = model.to_empty(device="cpu").to(framework_dtype(dtype))
+    if isinstance(model, GPT):
+        model.tie_weights()
+    _load(model, params)
+    model.eval()
+    inp = torch.from_numpy(np.asarray(x, np.int64 if spec.name == "gpt" else np.float64))
+    if spec.name != "gpt":
+        inp = inp.to(framework_dtype(dtype))
+    with torch.inference_mode():
+        return model(inp).to(torch.float64).numpy()
+
+
+def _make_from_shapes(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> nn.Module:
+    return _make(spec.model_copy(update=dims_from_params(spec, shapes)), None)
