@@ -43,6 +43,17 @@ RESUMABLE_CHANGES: tuple[str, ...] = (
 )
 
 
+class TrainResult(NamedTuple):
+    """What `train(...)` returns on both backends: the final parameters as float64-or-native NumPy
+    arrays by neutral name, the loss of every update run in this process, and where things went."""
+
+    params: dict[str, Any]
+    losses: list[float]
+    updates_done: int
+    out_dir: Path
+    checkpoint: Path | None
+
+
 class Counters(NamedTuple):
     """Run counters saved in every checkpoint (JSON)."""
 
