@@ -133,7 +133,7 @@ def encode_tensors(tensors: dict[str, np.ndarray], what: str) -> bytes:
         arr = np.asarray(value)
         if arr.dtype.name not in _NUMPY_NAMES:
             raise CheckpointError(f"{what}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot hold")
-        clean[key] = np.ascontiguousarray(arr)
+        clean[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes 0-d arrays 1-d
     try:
         return safetensors.numpy.save(clean)
     except Exception as exc:  # the Rust serializer raises its own types

@@ -17,6 +17,18 @@ Resume policy: the newest checkpoint that verifies (`checkpoint.allow_fallback` 
 stand in for a corrupt newest one); its resolved config must equal this run's except for the
 fields in RESUMABLE_CHANGES (a longer run, another device, logging/checkpoint cadence). A torch
 checkpoint resumes on JAX and back: the state is framework-neutral.
+
+Shared by both trainers (so that their runs and checkpoints agree):
+
+- RNG layout: every rank's generator states live in the checkpoint's rng tensors as
+  `rank<i>/<name>` and in meta["rng"] as {"rank<i>": {...}} (`pack_rank_rng` / `unpack_rank_rng`),
+  for every world size, one process included. A backend ignores the names it does not know.
+- `window_counts(config, window)`: each micro-batch's valid-element count, from the targets alone
+  (known before the forward pass), for accumulation.normalize = "tokens".
+- `injected(config, t)`: `[run] inject_nonfinite`. Every micro-batch loss (value and sum) of a
+  listed update is multiplied by +inf before the backward pass, so the window loss is +inf and
+  the gradients non-finite, as in a float16 overflow.
+- `throughput_extras(...)`: tokens/s for text, MFU for gpt against `PEAK_FLOPS`.
 """
 
 from __future__ import annotations
@@ -31,14 +43,14 @@ from typing import Any, NamedTuple
 
 from conformance import checkpoint as ckpt
 from conformance.data import DataPipeline, Window
-from conformance.errors import CheckpointError
+from conformance.errors import CheckpointError, ConfigError
 from conformance.metrics import MetricsLog
 from conformance.spec import Config, dump_config, load_config
 
 # Fields that may differ between a checkpoint's config and the resuming run's.
 RESUMABLE_CHANGES: tuple[str, ...] = (
     "run.epochs", "run.max_updates", "run.device", "run.log_every", "run.eval_every", "run.compile",
-    "run.progress", "run.tensorboard", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
+    "run.progress", "run.tensorboard", "run.deterministic", "run.parallel", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
     "checkpoint.keep_best", "checkpoint.allow_fallback",
 )
 
@@ -160,6 +172,7 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
     Rank 0 writes DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None."""
     out = Path(out_dir)
     data = DataPipeline(config, rank, world_size)
+    check_task(config, data.info.task)
     checkpoint = None
     counters = Counters()
     if rank == 0:
@@ -173,6 +186,10 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
             meta = checkpoint.state.meta or {}
             data.check_position(meta.get("data", {}))
             counters = restore_counters(meta, checkpoint.state.update)
+            if counters.updates_done > data.planned_updates:
+                raise CheckpointError(
+                    f"{path} holds {counters.updates_done} updates, but this config plans "
+                    f"{data.planned_updates} (run.epochs / run.max_updates); a run cannot be shortened")
     elif rank == 0 and ckpt.list_checkpoints(out / "checkpoints"):
         raise CheckpointError(
             f"{out / 'checkpoints'} already holds checkpoints; pass --resume to continue that run, "
@@ -284,3 +301,120 @@ def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str
     state = ckpt.TrainingState(updates_done, model, optimizer, rng, meta, dump_config(run.config))
     return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val_loss,
                                 world_size=run.world_size, keep_last=spec.keep_last, keep_best=spec.keep_best)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared by both trainers: per-rank RNG layout, window counts, injected overflows, throughput
+# ---------------------------------------------------------------------------------------------
+
+def rank_prefix(rank: int) -> str:
+    """The name prefix of rank `rank`'s RNG tensors in a checkpoint: "rank0/", "rank1/", ..."""
+    return f"rank{int(rank)}/"
+
+
+def pack_rank_rng(per_rank: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every rank's (rng tensors, rng meta), in rank order, as one checkpoint's rng tensors and meta."""
+    tensors: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for rank, (t, m) in enumerate(per_rank):
+        tensors.update({f"{rank_prefix(rank)}{k}": v for k, v in t.items()})
+        meta[rank_prefix(rank).rstrip("/")] = m
+    return tensors, meta
+
+
+def unpack_rank_rng(tensors: dict[str, Any], meta: dict[str, Any], rank: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Rank `rank`'s (rng tensors, rng meta) from a checkpoint, or None when it holds none for that
+    rank (a resume with more ranks than the checkpoint had: that rank starts from its seed)."""
+    prefix = rank_prefix(rank)
+    mine = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    if not mine:
+        return None
+    return mine, dict((meta or {}).get(prefix.rstrip("/"), {}))
+
+
+def injected(config: Config, t: int) -> bool:
+    """True when `[run] inject_nonfinite` lists update t (its losses are multiplied by +inf)."""
+    return t in config.run.inject_nonfinite
+
+
+def window_counts(config: Config, window: Window) -> list[float]:
+    """Valid-element count of each micro-batch of the window (this rank's part), from the targets
+    alone: what accumulation.normalize = "tokens" divides the window's summed loss by (before the
+    all-rank reduction). Class targets (and gpt tokens) are counted per index, with class weights
+    and ignore_index applied; other losses count every target element."""
+    import numpy as np
+
+    from conformance.validate import valid_count
+
+    spec = config.loss
+    out = []
+    for b in window.batches:
+        y = np.asarray(b.y)
+        if spec.name in CLASS_LOSSES:
+            # the loss sees (N, C) logits; a zero-stride stand-in gives valid_count the shape only
+            y = y.reshape(-1)
+            pred = np.broadcast_to(np.zeros(1), (y.shape[0], max(len(spec.weight or ()), 2)))
+        else:
+            pred = np.broadcast_to(np.zeros(1), y.shape)
+        out.append(valid_count(spec, pred, y))
+    return out
+
+
+CLASS_LOSSES = ("cross_entropy", "nll")
+TASK_LOSSES: dict[str, tuple[str, ...]] = {
+    "classification": CLASS_LOSSES,
+    "language_model": CLASS_LOSSES,
+    "regression": ("mse", "l1", "huber", "smooth_l1"),
+}
+
+
+def check_task(config: Config, task: str) -> None:
+    """Refuse a loss that cannot train on the data's targets (class indices vs. real values)."""
+    allowed = TASK_LOSSES.get(task, ())
+    if config.loss.name not in allowed:
+        raise ConfigError(f"loss.name = {config.loss.name!r} does not fit data set {config.data.name!r} "
+                          f"({task} targets); use one of {', '.join(allowed)}")
+
+
+# Dense bf16 peak FLOP/s per device (torchtitan's table, reference/trainer_anchors.md §2); MFU is
+# reported against these whatever the compute dtype, and only where the device is known.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12,
+    "L40S": 362e12, "A10G": 70e12, "L4": 121e12, "MI300X": 1300e12, "MI325X": 1300e12,
+}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device from its name (the longest matching key), or None."""
+    hits = [k for k in PEAK_FLOPS if k.lower() in device_name.lower()]
+    return PEAK_FLOPS[max(hits, key=len)] if hits else None
+
+
+def throughput_extras(config: Config, run: Run, window: Window, elapsed_s: float,
+                      device_name: str | None = None) -> dict[str, Any]:
+    """Extra keys of an update line: tokens_per_s for text, mfu (fraction of the device's peak) for gpt
+    when `device_name` has a known peak (trainers pass it on accelerators only)."""
+    if run.data.info.task != "language_model" or elapsed_s <= 0:
+        return {}
+    block = run.data.info.block_size or config.model.block_size
+    tokens_per_s = window.global_samples * block / elapsed_s
+    out: dict[str, Any] = {"tokens_per_s": tokens_per_s}
+    peak = peak_flops(device_name) if device_name else None
+    if peak is not None and config.model.name == "gpt":
+        from conformance.models import flops_per_token
+
+        per_device = tokens_per_s / max(run.world_size, 1)
+        out["mfu"] = flops_per_token(config.model, run.data.info, block) * per_device / peak
+    return out
+
+
+TRAIN_FAULT_ENV = "TWINSTEP_TRAIN_FAULT"  # test hook, as checkpoint.FAULT_ENV: "T:J" exits at micro-batch J of update T
+
+
+def train_fault() -> dict[int, int]:
+    """{update: micro-batch} at which kill tests make the trainer exit abruptly (empty normally)."""
+    value = os.environ.get(TRAIN_FAULT_ENV, "")
+    if not value:
+        return {}
+    update, _, micro = value.partition(":")
+    return {int(update): int(micro or 0)}

@@ -10,6 +10,7 @@ The non-finite policy raises before anything is applied, so the last good state 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -19,7 +20,7 @@ from conformance.spec.accumulation import AccumulationSpec
 from conformance.spec.clip import ClipSpec
 from conformance.spec.precision import PrecisionSpec
 from ref_torch.accumulation import accumulate_gradients
-from ref_torch.clipping import clip_gradients, total_norm
+from ref_torch.clipping import _scale_by_norm, check_norm, clip_gradients, total_norm
 from ref_torch.precision import LossScaler, SkipState, check_nonfinite, finite_flags, record_update
 
 
@@ -52,28 +53,58 @@ def apply_update(
     update: int | None = None,
     reduce_count: Callable[[Any], Any] | None = None,
     no_sync: Callable[[], Any] | None = None,
+    reduce_loss: Callable[[Any], Any] | None = None,
+    local_grads: Callable[[Any], Any] | None = None,
+    reduce_finite: Callable[[Any], Any] | None = None,
+    reduce_norm: Callable[[Any, float], Any] | None = None,
 ) -> tuple[SkipState, UpdateInfo]:
     """Run one update in place (parameters, optimizer, scheduler, scaler); return the new counters
-    and the update's metrics. Raises NonFiniteError per specs.precision before applying anything."""
-    loss_scale = scaler.get_scale()
+    and the update's metrics. Raises NonFiniteError per specs.precision before applying anything.
+
+    reduce_loss(loss) replaces the window loss before the finite check and logging (DDP: the mean
+    over ranks, so that every rank takes the same skip decision). The loss, the pre-clip norm, the
+    finite flag and the scale in force reach the host in one transfer: the update's only sync.
+    Sharded parameters (FSDP): local_grads(grads) gives this rank's shards, which are unscaled,
+    checked and clipped in place; reduce_finite / reduce_norm(norm, p) combine the ranks' flags and
+    norms, so every rank takes the same decision."""
+    scale = scaler.state.scale if scaler.enabled else None  # update_scale makes new tensors
     grads, out = accumulate_gradients(specs.accumulation, loss_fn, params, window, counts,
                                       scale_loss=scaler.scale, reduce_count=reduce_count, no_sync=no_sync)
+    loss = reduce_loss(out.loss) if reduce_loss is not None else out.loss
+    grads = local_grads(grads) if local_grads is not None else grads
     grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
-    loss_ok = bool(torch.isfinite(out.loss))
-    finite = bool(grads_ok) and loss_ok
-    if finite:
-        _, norm = clip_gradients(specs.clip, grads)
-    else:
-        norm = total_norm(grads, specs.clip.norm_type)  # logged; clipping NaN grads would be moot
+    norm = total_norm(grads, specs.clip.norm_type)
+    if reduce_finite is not None and reduce_norm is not None:
+        grads_ok, norm = reduce_finite(grads_ok), reduce_norm(norm, specs.clip.norm_type)
+    parts = [loss, norm, grads_ok] + ([scale] if scale is not None else [])
+    values = torch.stack([x.to(device=norm.device, dtype=torch.float64).reshape(()) for x in parts]).tolist()
+    loss_v, norm_v, grads_v = values[:3]
+    scale_v = values[3] if scale is not None else None
+    finite = bool(grads_v) and math.isfinite(loss_v)
     skips = record_update(skips, finite)
     if not finite:
-        loss_flag, grad_flags = finite_flags(out.loss, grads)
+        loss_flag, grad_flags = finite_flags(loss, grads)
+        if local_grads is not None and bool(loss_flag) and all(bool(v) for v in grad_flags.values()):
+            grad_flags = {**grad_flags, "(a shard on another rank)": torch.tensor(False)}
         check_nonfinite(specs.precision, skips, loss_flag, grad_flags, update)
     else:
+        _clip(specs.clip, grads, norm, norm_v)
         optimizer.step()
     scaler.update(torch.tensor(finite))
     advanced = specs.precision.schedule_advances(not finite)
     if scheduler is not None and advanced:
         scheduler.step()
-    value = float(out.loss)
-    return skips, UpdateInfo(value, float(norm), not finite, loss_scale, advanced)
+    return skips, UpdateInfo(loss_v, norm_v, not finite, scale_v, advanced)
+
+
+def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float) -> None:
+    # The global-norm rule reuses the norm already computed (no second pass over the gradients).
+    if spec.mode == "none":
+        return
+    if spec.mode == "global_norm":
+        if spec.error_if_nonfinite and not math.isfinite(norm_value):
+            check_norm(spec, norm, grads)
+        with torch.no_grad():
+            _scale_by_norm([g for g in grads.values() if g is not None], norm, spec)
+        return
+    clip_gradients(spec, grads)

@@ -1,0 +1,162 @@
+"""Trainer overhead: the same model, data and config trained by `ref_torch.trainer.train` and by a
+bare hand-written loop (seed 000's loop), in one process, interleaved; prints the time ratios.
+
+    python bench/trainer_overhead.py [--repeats 5] [--threads 1] [--updates 200] [--models mlp,gpt]
+                                     [--device cpu|cuda] [--dtype float32|bfloat16]
+
+Per model: the trainer (everything on: metrics.jsonl every update, the finite check, the schedule,
+clipping, accumulation; no checkpoint, no evaluation), the trainer with the metrics writes stubbed
+out (what the per-update line costs), seed 000's loop as written (DataLoader over a TensorDataset,
+zero_grad / autocast / backward / clip_grad_norm_ / step / scheduler.step, loss.item() per
+micro-batch) and a minimal loop (the same on tensors indexed by a permutation, no DataLoader).
+Ratios are medians of interleaved repeats, against a baseline measured in the same run; no
+absolute time is asserted anywhere. On the CPU the clock is the process's CPU time (one intra-op
+thread), which other jobs on a shared machine do not inflate; --wall switches to the wall clock
+(always used on CUDA, where every loop synchronizes once per update). The goal (issue 6) is trainer / seed loop <= 1.05 on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conformance.data import DataPipeline  # noqa: E402
+from conformance.spec import load_config  # noqa: E402
+from ref_torch import trainer  # noqa: E402
+from ref_torch.models import build_model  # noqa: E402
+
+CLOCK = time.process_time  # CPU time of this process (1 thread): robust on a shared machine; --wall for wall time
+COMMON = {"optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 1e-2}, "clip": {"max_norm": 1.0},
+          "accumulation": {"steps": 2}, "checkpoint": {"at_end": False}}
+MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {"model": {"name": "mlp", "hidden": [64]}, "data": {"name": "binary_blobs", "batch_size": 64}},
+    "gpt": {"model": {"name": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},
+            "data": {"name": "text", "batch_size": 8}},
+}
+
+
+def make_config(name: str, updates: int, device: str = "cpu", dtype: str = "float32") -> Any:
+    return load_config({**MODELS[name], **COMMON, "schedule": {"name": "cosine", "t_max": updates, "eta_min": 1e-5},
+                        "precision": {"dtype": dtype},
+                        "run": {"max_updates": updates, "eval_every": 0, "device": device}})
+
+
+def run_trainer(config: Any, log: bool = True) -> float:
+    from conformance import metrics
+
+    real = metrics.MetricsLog.log_update
+    if not log:
+        metrics.MetricsLog.log_update = lambda self, record: None  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = CLOCK()
+            trainer.train(config, Path(tmp) / "run", progress="none")
+            return CLOCK() - start
+    finally:
+        metrics.MetricsLog.log_update = real  # type: ignore[method-assign]
+
+
+def seed_loop(config: Any, minimal: bool = False) -> float:
+    """Seed 000's loop (§完整训练循环) on the same model, data, optimizer, schedule and accumulation."""
+    start = CLOCK()
+    device = torch.device(config.run.device)
+    data = DataPipeline(config)
+    train = data.dataset.train
+    x, y = (torch.from_numpy(a) for a in train.take(torch.arange(len(train)).numpy()))
+    x = x.float() if x.is_floating_point() else x
+    if minimal:
+        x, y = x.to(device), y.to(device)
+    model = build_model(config.model, data.info, seed=config.run.seed, device=device)
+    half = config.precision.dtype == "bfloat16"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
+    updates, k = config.run.max_updates, config.accumulation.steps
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=updates, eta_min=1e-5)
+    batch = config.data.batch_size
+    if minimal:
+        batches = _minimal_batches(x, y, batch)
+    else:
+        batches = _loader_batches(x, y, batch)
+    done, step = 0, 0
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    for xb, yb in batches:
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
+            logits = model(xb)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)) / k
+        loss.backward()
+        step += 1
+        if step % k == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            done += 1
+            if done == updates:
+                break
+        float(loss.item())  # the seed's running_loss += raw_loss.item() * size
+    return CLOCK() - start
+
+
+def _loader_batches(x: Any, y: Any, batch: int) -> Any:
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, num_workers=0)
+    while True:
+        yield from loader
+
+
+def _minimal_batches(x: Any, y: Any, batch: int) -> Any:
+    while True:
+        order = torch.randperm(len(x), device=x.device)
+        for i in range(0, len(x), batch):
+            idx = order[i:i + batch]
+            yield x[idx], y[idx]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: stable timings)")
+    ap.add_argument("--updates", type=int, default=200)
+    ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--wall", action="store_true", help="time with the wall clock (default: process CPU time; "
+                                                        "always the wall clock on CUDA)")
+    args = ap.parse_args()
+    global CLOCK
+    if args.wall or args.device == "cuda":
+        CLOCK = time.perf_counter
+    torch.set_num_threads(args.threads)
+    clock = "wall clock" if CLOCK is time.perf_counter else "process CPU time"
+    print(f"torch {torch.__version__}, {args.device} {args.dtype}, {args.threads} thread(s), {args.updates} updates, "
+          f"{clock}, median of {args.repeats} interleaved repeats")
+    print(f"{'model':<5} {'trainer s':>10} {'no-log s':>9} {'seed loop s':>11} {'minimal s':>10} "
+          f"{'trainer/seed':>12} {'trainer/minimal':>15} {'metrics cost':>12}")
+    for name in args.models.split(","):
+        config = make_config(name, args.updates, args.device, args.dtype)
+        run_trainer(config), seed_loop(config)  # warm-up: imports, allocator, kernel selection
+        times: dict[str, list[float]] = {"trainer": [], "nolog": [], "seed": [], "minimal": []}
+        for _ in range(args.repeats):
+            times["trainer"].append(run_trainer(config))
+            times["seed"].append(seed_loop(config))
+            times["nolog"].append(run_trainer(config, log=False))
+            times["minimal"].append(seed_loop(config, minimal=True))
+        m = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{name:<5} {m['trainer']:>10.3f} {m['nolog']:>9.3f} {m['seed']:>11.3f} {m['minimal']:>10.3f} "
+              f"{m['trainer'] / m['seed']:>12.3f} {m['trainer'] / m['minimal']:>15.3f} "
+              f"{(m['trainer'] - m['nolog']) / m['trainer']:>11.1%}")
+
+
+if __name__ == "__main__":
+    main()

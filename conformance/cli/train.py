@@ -1,0 +1,72 @@
+"""`twinstep train`: run a training config on a backend (CONTRACT.md §5).
+
+    twinstep train [CONFIG] --backend torch|jax --out DIR [--resume] [--set section.key=VALUE ...]
+    torchrun --nproc_per_node 2 -m conformance train CONFIG --backend torch --out DIR   # DDP
+
+No CONFIG = the built-in default (binary_blobs, the seeds' MLP, AdamW; seconds on a laptop CPU).
+The backend's `ref_<backend>.trainer.train(config, out_dir, resume=..., rank=..., world_size=...,
+progress=...)` does the work; this module only parses arguments and prints a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+from conformance.errors import UnsupportedError
+from conformance.harness.backends import PACKAGES
+from conformance.spec import load_config
+
+FRAMEWORKS = tuple(b for b in PACKAGES if b != "oracle")
+FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "optax", "flax")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a config (torch or jax) into an output directory",
+                       description="Train CONFIG (default: the built-in default) and write DIR/config.toml, "
+                                   "DIR/metrics.jsonl and DIR/checkpoints/. --resume continues from the newest "
+                                   "complete checkpoint; the continued run equals the uninterrupted one.")
+    p.add_argument("config", nargs="?", help="a TOML config file (omit for the built-in default)")
+    p.add_argument("--backend", choices=FRAMEWORKS, default="torch", help="framework to train with (default: torch)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in DIR")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (VALUE in TOML syntax; repeatable)")
+    p.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default=None,
+                   help="progress display (default: run.progress)")
+    p.set_defaults(run=run)
+
+
+def trainer(backend: str) -> Any:
+    """The backend's `train` function (UnsupportedError if that backend has no trainer yet)."""
+    name = f"{PACKAGES[backend]}.trainer"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name in (name, PACKAGES[backend]):
+            raise UnsupportedError(f"backend {backend!r} has no trainer yet ({name} is missing)") from None
+        if exc.name in FRAMEWORK_MODULES:
+            raise UnsupportedError(f"backend {backend!r} needs the {exc.name} package, which is not installed "
+                                   f"in this Python ({sys.executable})") from None
+        raise
+    return module.train
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    train = trainer(args.backend)
+    result = train(config, args.out, resume=args.resume, progress=args.progress)
+    if getattr(result, "out_dir", None) is not None and _is_main():
+        where = f"; checkpoint {result.checkpoint}" if result.checkpoint else ""
+        loss = f", last loss {result.losses[-1]:.6g}" if result.losses else ""
+        print(f"twinstep: trained {result.updates_done} updates{loss}; metrics in "
+              f"{result.out_dir / 'metrics.jsonl'}{where}", file=sys.stderr)
+    return 0
+
+
+def _is_main() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,172 @@
+"""torch.distributed glue for the trainer: process group, DDP, count/loss reductions, RNG gathering.
+
+One process per rank (torchrun). Gloo on the CPU, NCCL on CUDA. Rank 0 writes every file; the
+other ranks take part in the collectives (gradients through DDP, window counts, the logged loss,
+evaluation sums, and the RNG states rank 0 puts into each checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from conformance import checkpoint_io as io
+from conformance.errors import ConfigError
+
+
+def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank): explicit values win, else torchrun's RANK / WORLD_SIZE /
+    LOCAL_RANK, else a single process."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
+    r = int(env.get("RANK", "0")) if rank is None else int(rank)
+    local = int(env.get("LOCAL_RANK", str(r)))
+    if world < 1 or not 0 <= r < world:
+        raise ConfigError(f"rank {r} is not in 0..{world - 1} (world_size {world})")
+    return r, world, local
+
+
+def setup(rank: int, world_size: int, device: torch.device) -> bool:
+    """Join the process group (True when this call created it and must destroy it)."""
+    if world_size == 1 or (dist.is_available() and dist.is_initialized()):
+        if world_size > 1 and dist.get_world_size() != world_size:
+            raise ConfigError(f"world_size = {world_size}, but the process group has {dist.get_world_size()} ranks")
+        return False
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ConfigError(f"world_size = {world_size} needs a launcher: {missing[0]} is not set "
+                          f"(start with torchrun --nproc_per_node {world_size} -m conformance train ...)")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=10),
+                            device_id=device if device.type == "cuda" else None)
+    return True
+
+
+def teardown(created: bool) -> None:
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(world_size: int) -> None:
+    if world_size > 1:
+        dist.barrier()
+
+
+def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel: str = "ddp") -> Any:
+    """The module the forward pass goes through: DDP over the model, or the model itself sharded in
+    place by FSDP2 (ref_torch._fsdp), or the model itself on one process. Gradients are averaged
+    over ranks either way. Build the optimizer after this (FSDP replaces the parameters)."""
+    if world_size == 1:
+        return model
+    if parallel == "fsdp":
+        from ref_torch import _fsdp
+
+        return _fsdp.shard(model, device)
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def update_hooks(wrapped: Any, world_size: int, device: torch.device) -> dict[str, Any]:
+    """apply_update's keyword hooks for this run: count and loss reductions, no_sync, and for
+    sharded parameters the local-shard view with the finite flag and norm reduced over ranks."""
+    if world_size == 1:
+        return {}
+    hooks: dict[str, Any] = {"reduce_count": count_reducer(world_size, device),
+                             "reduce_loss": loss_reducer(world_size)}
+    from ref_torch import _fsdp
+
+    if _fsdp.is_sharded(wrapped):
+        hooks.update(no_sync=_fsdp.no_sync(wrapped), local_grads=_fsdp.local, reduce_finite=_fsdp.all_finite,
+                     reduce_norm=_fsdp.global_norm)
+    else:
+        hooks["no_sync"] = wrapped.no_sync
+    return hooks
+
+
+def sum_over_ranks(x: Any, device: torch.device) -> Any:
+    """The element-wise sum of a tensor over all ranks (a new tensor on `device`)."""
+    out = torch.as_tensor(x).to(device=device, dtype=torch.float64).clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def count_reducer(world_size: int, device: torch.device) -> Callable[[Any], Any] | None:
+    """accumulation's reduce_count: the window's token count summed over ranks, divided by the world
+    size because DDP averages (rather than sums) the ranks' gradients."""
+    if world_size == 1:
+        return None
+    return lambda n: sum_over_ranks(n, device) / world_size
+
+
+def loss_reducer(world_size: int) -> Callable[[Any], Any] | None:
+    """The logged window loss: the mean of the ranks' contributions (each normalized globally)."""
+    if world_size == 1:
+        return None
+
+    def reduce(loss: Any) -> Any:
+        out = loss.detach().to(torch.float64).clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out / world_size
+
+    return reduce
+
+
+def gather_bytes(data: bytes, world_size: int, device: torch.device) -> list[bytes]:
+    """Every rank's byte string, in rank order, on every rank (tensors only: no pickle)."""
+    if world_size == 1:
+        return [data]
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buf[:0]
+    bufs = [torch.zeros_like(buf) for _ in range(world_size)]
+    dist.all_gather(bufs, buf)
+    return [bytes(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(bufs, sizes)]
+
+
+def gather_rng(tensors: dict[str, np.ndarray], meta: dict[str, Any], world_size: int,
+               device: torch.device) -> list[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+    """Every rank's (RNG tensors, RNG meta), in rank order (safetensors + JSON over the wire)."""
+    if world_size == 1:
+        return [(tensors, meta)]
+    blob = io.encode_tensors(tensors, "rng")
+    header = json.dumps(meta).encode("utf-8")
+    payload = len(header).to_bytes(8, "little") + header + blob
+    out = []
+    for i, data in enumerate(gather_bytes(payload, world_size, device)):
+        n = int.from_bytes(data[:8], "little")
+        where = f"rank {i} RNG state"
+        out.append((io.decode_tensors(data[8 + n:], where), json.loads(data[8:8 + n].decode("utf-8"))))  # type: ignore[arg-type]
+    return out
+
+
+@contextlib.contextmanager
+def finally_teardown(created: bool) -> Any:
+    """Destroy the process group this run created, whatever happens."""
+    try:
+        yield
+    finally:
+        teardown(created)
+
+
+def agree(ok: bool, world_size: int) -> bool:
+    """True when every rank reports ok (a MIN all-reduce); one process: ok itself."""
+    if world_size == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

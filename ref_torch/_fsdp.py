@@ -1,0 +1,146 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the torch trainer: `[run] parallel = "fsdp"`.
+
+Every parameter becomes a DTensor sharded on dim 0 over the ranks (one FSDP unit per gpt block
+or mlp Linear, plus the root), so parameters, gradients and optimizer state take 1/N of the memory.
+Gradients are reduce-scattered (averaged, as DDP) after the window's last micro-batch
+(set_requires_gradient_sync off for the others). The update path works on each rank's local
+shards: the finite check and the norm are reduced over the ranks, clipping scales the shards.
+
+Checkpoints stay in the neutral format: parameters and optimizer state are gathered to whole
+tensors (`full_tensor()`, a collective every rank joins) and written by rank 0; on resume every
+rank reads the whole tensors and keeps its shard (`distribute_tensor`). torch.distributed.checkpoint
+is not used: its metadata and non-tensor entries are pickles (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+try:  # builds without torch.distributed have no DTensor: nothing can be sharded there
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # pragma: no cover
+    DTensor = type("DTensor", (), {})  # type: ignore[misc,assignment]
+
+from conformance.checkpoint import check_tensors
+from conformance.errors import ConfigError
+from conformance.spec import Config
+from ref_torch.checkpoint import _to_numpy
+from ref_torch.models import GPT, named_parameters
+from ref_torch.optimizers import export_state, import_state
+
+
+def check(config: Config) -> None:
+    """What FSDP here does not support, as ConfigError before anything runs."""
+    if config.clip.mode == "per_parameter":
+        raise ConfigError("clip.per_parameter = true is not supported with run.parallel = 'fsdp' (each rank "
+                          "holds a shard of every parameter); use global-norm clipping")
+    if config.run.compile:
+        raise ConfigError("run.compile = true is not supported with run.parallel = 'fsdp' yet; use 'ddp' or "
+                          "turn compile off")
+
+
+def shard(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """fully_shard each gpt block / mlp Linear, then the root (which keeps the tied embedding)."""
+    from torch.distributed.fsdp import fully_shard
+
+    units = list(model.transformer.h) if isinstance(model, GPT) else [
+        m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model]
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def is_sharded(model: Any) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def no_sync(model: Any) -> Callable[[], Any]:
+    """The accumulation window's micro-batches but the last: gradients stay local and unreduced."""
+
+    @contextlib.contextmanager
+    def ctx() -> Iterator[None]:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return ctx
+
+
+def local(grads: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's shard of every gradient (views: unscaling and clipping them changes the gradient)."""
+    return {k: (g.to_local() if isinstance(g, DTensor) else g) for k, g in grads.items()}
+
+
+def all_finite(flag: Any) -> Any:
+    """True on every rank only when every rank's shards are finite (MIN all-reduce)."""
+    out = torch.as_tensor(flag).to(torch.int32).reshape(1).clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MIN)
+    return out[0] > 0
+
+
+def global_norm(norm: Any, norm_type: float) -> Any:
+    """The norm over every rank's shards from this rank's shard norm."""
+    out = norm.to(torch.float64).reshape(1).clone()
+    if math.isinf(norm_type):
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return out[0].to(norm.dtype)
+    out = out ** norm_type
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return (out[0] ** (1.0 / norm_type)).to(norm.dtype)
+
+
+def _full(t: Any) -> Any:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def model_state(model: Any) -> dict[str, np.ndarray]:
+    """Whole parameters as NumPy (collective: every rank must call it)."""
+    return {name: _to_numpy(_full(p.detach())) for name, p in named_parameters(model).items()}
+
+
+def load_model_state(model: Any, tensors: dict[str, np.ndarray]) -> None:
+    """Whole checkpoint tensors into the sharded parameters (checked as load_model_state checks)."""
+    params = named_parameters(model)
+    check_tensors({n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in params.items()}, tensors)
+    with torch.no_grad():
+        for name, p in params.items():
+            src = torch.from_numpy(np.ascontiguousarray(tensors[name]).copy()).to(device=p.device, dtype=p.dtype)
+            p.copy_(distribute_tensor(src, p.device_mesh, p.placements) if isinstance(p, DTensor) else src)
+
+
+def export_optimizer(optimizer: Any) -> dict[str, Any]:
+    """export_state over whole tensors (collective): DTensor states are gathered first."""
+    state = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p in optimizer.state:  # sorted: every rank must gather the same tensors in the same order
+                st = optimizer.state[p]
+                state[p] = {k: _full(st[k]) if isinstance(st[k], torch.Tensor) else st[k] for k in sorted(st)}
+    return export_state(SimpleNamespace(param_groups=optimizer.param_groups, state=state))
+
+
+def import_optimizer(optimizer: Any, neutral: Mapping[str, Any]) -> None:
+    """import_state, then every whole state tensor shaped like its parameter becomes its shard."""
+    import_state(optimizer, neutral)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor):
+                continue
+            state = optimizer.state.get(p, {})
+            # sorted: a checkpoint's key order can differ between processes (safetensors' Rust
+            # HashMap), and every rank must scatter the same tensors in the same order
+            for key in sorted(state):
+                value = state[key]
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == p.shape:
+                    optimizer.state[p][key] = distribute_tensor(value.to(p.device), p.device_mesh, p.placements)

@@ -1,0 +1,105 @@
+"""The torch trainer's checkpoint content: capture and restore every piece of a run's state.
+
+Saved (CONTRACT.md §5, reliability.md §3.4's checklist): model parameters; optimizer state in the
+neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
+(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t)); the
+loss-scale state; the skip counters (in the counters); every rank's RNG (torch CPU and CUDA,
+Python, NumPy) as `rank<i>/...`; the data position (the update count, checked against the data).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from conformance import training
+from conformance.checkpoint import Checkpoint
+from conformance.errors import CheckpointError
+from ref_torch import _distributed as ddp
+from ref_torch import _fsdp
+from ref_torch.backend import describe
+from conformance.checkpoint_rng import capture_host_rng
+from ref_torch.checkpoint import load_model_state, model_state, restore_rng
+from ref_torch.optimizers import export_state, import_state
+from ref_torch.precision import LossScaler, SkipState
+
+# The pieces a restore puts back; tests/test_resume_kill.py leaves each out in turn (negative controls).
+PIECES: tuple[str, ...] = ("model", "optimizer", "loss_scale", "rng")
+
+
+class Objects(NamedTuple):
+    """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer
+    and the loss scaler."""
+
+    model: Any
+    optimizer: Any
+    scaler: LossScaler
+
+
+def save_checkpoint(run: training.Run, updates_done: int, objs: Objects, device: torch.device,
+                    val_loss: float | None = None) -> Path | None:
+    """Save the state after `updates_done` updates. Collective: every rank calls it (RNG gather);
+    rank 0 writes."""
+    rng, rng_meta = capture_rng(device)
+    per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
+    sharded = _fsdp.is_sharded(objs.model)
+    # sharded state is gathered to whole tensors: collectives every rank joins before rank 0 writes
+    weights = _fsdp.model_state(objs.model) if sharded else None
+    opt = _fsdp.export_optimizer(objs.optimizer) if sharded else None
+    if not run.is_main:
+        return None
+    tensors, meta_rng = training.pack_rank_rng(per_rank)
+    opt = opt if opt is not None else export_state(objs.optimizer)
+    scale = objs.scaler.state_dict() if objs.scaler.enabled else None
+    meta = training.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng)
+    return training.save(run, updates_done, weights if weights is not None else model_state(objs.model),
+                         opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss)
+
+
+def capture_rng(device: torch.device) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """This rank's generators: Python, NumPy, torch CPU and the rank's own CUDA device only
+    (ref_torch.checkpoint.capture_rng reads every device, which would open a CUDA context on each
+    GPU from every rank of a multi-GPU node)."""
+    tensors, meta = capture_host_rng()
+    tensors["torch_cpu"] = torch.get_rng_state().numpy().copy()
+    if device.type == "cuda":
+        tensors[f"torch_cuda_{device.index}"] = torch.cuda.get_rng_state(device).numpy().copy()
+    return tensors, meta
+
+
+def _versions() -> dict[str, Any]:
+    info = describe()
+    return {"torch": info["torch"], "cuda": str(info["cuda"])}
+
+
+def restore(checkpoint: Checkpoint, objs: Objects, rank: int, skip: frozenset[str] = frozenset()) -> SkipState:
+    """Put a checkpoint's state into the objects (RNG last: nothing may draw after it). Returns the
+    skip counters. `skip` names PIECES to leave out (negative controls only)."""
+    state, meta = checkpoint.state, checkpoint.state.meta or {}
+    where = checkpoint.path
+    sharded = _fsdp.is_sharded(objs.model)
+    if "model" not in skip:
+        (_fsdp.load_model_state if sharded else load_model_state)(objs.model, state.model)
+    if "optimizer" not in skip:
+        neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
+        (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
+    if "loss_scale" not in skip and objs.scaler.enabled:
+        saved = meta.get("loss_scale")
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{where}: state.json has no loss_scale, but this run scales the loss dynamically")
+        objs.scaler.load_state_dict(saved)
+    counters = meta.get("counters", {})
+    skips = SkipState(int(counters.get("skipped_total", 0)), int(counters.get("consecutive_skips", 0)))
+    if "rng" not in skip:
+        mine = training.unpack_rank_rng(state.rng or {}, meta.get("rng") or {}, rank)
+        if mine is not None:
+            restore_rng(*mine)
+    return skips
+
+
+def final_params(model: Any) -> dict[str, np.ndarray]:
+    """The parameters as NumPy arrays in their own dtype (TrainResult.params; collective if sharded)."""
+    return _fsdp.model_state(model) if _fsdp.is_sharded(model) else model_state(model)

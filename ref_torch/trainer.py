@@ -1,0 +1,258 @@
+"""The trainer: `train(config, out_dir)` runs a whole training config and writes CONTRACT.md §5's files.
+
+    result = train("configs/linear_regression.toml", "runs/lr")          # or a Config, or None
+    result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
+
+A plain loop over small parts (conformance.training holds the framework-neutral half, shared with
+the other backend's trainer):
+
+    run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
+    model, optimizer, scheduler, scaler ← build, then restore from run.checkpoint if resuming
+    for t in range(run.start, run.planned):
+        window = run.data.window(t)               # the micro-batches of update t (pure function of t)
+        apply_update(...)                         # scale → backward over the window → unscale →
+                                                  # finite check → clip → step or skip → scaler → schedule
+        run.counters = advance(...); metrics line; evaluation every run.eval_every; checkpoint
+
+Contract shared by every backend's `train` (same signature and docstring):
+
+- `config`: a Config, a TOML path, a mapping, or None for the built-in default.
+- `out_dir` gets config.toml, metrics.jsonl and checkpoints/ (only rank 0 writes files).
+- `resume`: continue from the newest checkpoint that verifies (CONTRACT.md §5); without it an
+  `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
+- `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
+  torchrun), else 0 and 1. `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
+- `[run] inject_nonfinite = [t, ...]`: every micro-batch loss (value and sum) of each listed
+  update is multiplied by +inf before the backward pass (conformance.training.injected), so the
+  window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
+  under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
+  with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
+- Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
+  NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
+  resumed call returns only the updates after the checkpoint), the number of updates done, the
+  output directory and the last checkpoint written (None if none).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conformance import training
+from conformance.errors import TwinstepError
+from conformance.spec import Config, load_config
+from conformance.spec.schedule import check_run_length, check_schedule
+from conformance.training import EvalTotals, TrainResult
+from ref_torch import _distributed as ddp
+from ref_torch import _fsdp
+from ref_torch import _runtime as rt
+from ref_torch import _state
+from ref_torch._update import UpdateSpecs, apply_update
+from ref_torch.backend import framework_dtype
+from ref_torch.losses import LossOutput, compute_loss
+from ref_torch.models import build_model, named_parameters
+from ref_torch.optimizers import build_optimizer
+from ref_torch.precision import LossScaler, autocast, init_skip_state, numerics_context
+from ref_torch.schedules import build_scheduler
+
+
+def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, resume: bool = False,
+          rank: int | None = None, world_size: int | None = None, progress: str | None = None) -> TrainResult:
+    """Train `config` into `out_dir` and return a TrainResult (see the module docstring: files,
+    resume, ranks, progress, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
+    for a config that cannot run, CheckpointError for a refused resume, NonFiniteError under the
+    non-finite policy; files already written stay intact."""
+    config = _as_config(config)
+    rank_, world, local = ddp.resolve_world(rank, world_size)
+    device = rt.pick_device(config.run.device, local)
+    created = ddp.setup(rank_, world, device)
+    with ddp.finally_teardown(created), numerics_context(config.precision), \
+            rt.determinism(config.run.deterministic, device):
+        return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress)
+
+
+def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
+    return config if isinstance(config, Config) else load_config(config)
+
+
+def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progress: str) -> training.Run:
+    # Rank 0 prepares the directory (and may refuse it) before the other ranks read from it.
+    def attempt() -> training.Run | TwinstepError:
+        try:
+            return training.open_run(config, out, "torch", resume=resume, rank=rank, world_size=world,
+                                     progress=progress)
+        except TwinstepError as exc:
+            return exc
+
+    run = attempt() if rank == 0 else None
+    if not ddp.agree(not isinstance(run, TwinstepError), world):
+        raise run if isinstance(run, TwinstepError) else TwinstepError("rank 0 could not open the run; see its error")
+    if rank != 0:
+        run = attempt()
+    if not ddp.agree(not isinstance(run, TwinstepError), world):
+        raise run if isinstance(run, TwinstepError) else TwinstepError("another rank could not open the run")
+    return run  # type: ignore[return-value]
+
+
+def _train(config: Config, out: Path, resume: bool, rank: int, world: int, device: torch.device,
+           progress: str) -> TrainResult:
+    run = _open(config, out, resume, rank, world, progress)
+    try:
+        return _loop(config, run, device, progress)
+    finally:
+        if run.metrics is not None:
+            run.metrics.close()
+
+
+def _loop(config: Config, run: training.Run, device: torch.device, progress: str) -> TrainResult:
+    rt.seed_everything(config.run.seed + run.rank)
+    pdtype = framework_dtype(config.precision.param_dtype)
+    model = build_model(config.model, run.data.info, seed=config.run.seed, dtype=config.precision.param_dtype,
+                        device=device)
+    if run.world_size > 1 and config.run.parallel == "fsdp":
+        _fsdp.check(config)
+    wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel)  # FSDP shards `model` in place
+    params = named_parameters(model)
+    optimizer = build_optimizer(config.optimizer, params.items())
+    objs = _state.Objects(model, optimizer, LossScaler(config.precision, device))
+    per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
+    check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
+    for note in check_run_length(config.schedule, run.planned, per_epoch):
+        _note(run, note, progress)
+    scheduler = build_scheduler(config.schedule, optimizer, per_epoch, start=run.counters.schedule_t)
+    forward = rt.maybe_compile(wrapped, config)
+    skips = init_skip_state()
+    if run.checkpoint is not None:
+        skips = _restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
+    model.train()
+    specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
+    hooks = ddp.update_hooks(wrapped, run.world_size, device)
+    name = rt.device_name(device)
+    fault = training.train_fault()
+    losses: list[float] = []
+    last: Path | None = None
+    for t in range(run.start, run.planned):
+        t0 = time.perf_counter()
+        window = _data_window(run, t)
+        batches, counts = _prepare(config, run, window, device, pdtype)
+        lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
+        t1 = time.perf_counter()
+        loss_fn = _loss_fn(config, forward, run.world_size, training.injected(config, t), fault.get(t))
+        skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
+                                   counts, update=t, **hooks)
+        t2 = time.perf_counter()
+        run.counters = training.advance(run.counters, info.skipped, info.schedule_advanced)
+        losses.append(info.loss)
+        if run.metrics is not None:
+            extra = {"peak_memory_bytes": rt.peak_memory_bytes(device),
+                     **training.throughput_extras(config, run, window, t2 - t0, name)}
+            run.metrics.log_update(training.update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
+                                                          **extra))
+        val_loss = _maybe_evaluate(config, run, model, device, pdtype, t)
+        if training.checkpoint_due(run, t):
+            last = _state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+    return TrainResult(_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
+
+
+def _restore(checkpoint: Any, objs: _state.Objects, rank: int) -> Any:
+    return _state.restore(checkpoint, objs, rank)
+
+
+def _data_window(run: training.Run, t: int) -> Any:
+    # The data position is the update count: window(t) is a pure function of t.
+    return run.data.window(t)
+
+
+def _note(run: training.Run, text: str, progress: str) -> None:
+    if run.metrics is not None and progress != "none":
+        run.metrics.stream.write(f"twinstep: note: {text}\n")
+
+
+def _prepare(config: Config, run: training.Run, window: Any, device: torch.device,
+             dtype: torch.dtype) -> tuple[list[tuple[Any, Any, Any]], Any]:
+    """The window's micro-batches on the device, each with its global count where the loss needs it,
+    and the counts for tokens normalization (a tensor across ranks: only the global total may be 0)."""
+    tokens = config.accumulation.normalize == "tokens"
+    world = run.world_size
+    counts = training.window_counts(config, window) if (tokens or world > 1) else None
+    global_counts: list[Any] = [None] * len(window.batches)
+    if world > 1 and not tokens:
+        # micro_batches across ranks: each micro-batch is the mean over its global samples
+        global_counts = list(ddp.sum_over_ranks(torch.tensor(counts, dtype=torch.float64), device))
+    batches = [(*rt.to_device(b, device, dtype), c) for b, c in zip(window.batches, global_counts)]
+    if tokens and world > 1:
+        return batches, torch.tensor(counts, dtype=torch.float64, device=device)
+    return batches, counts if tokens else None
+
+
+def _loss_fn(config: Config, forward: Any, world: int, inject: bool, fault: int | None = None) -> Any:
+    spec = config.loss
+    classes = spec.name in training.CLASS_LOSSES
+    calls = [0]
+
+    def loss_fn(_params: Any, mb: tuple[Any, Any, Any]) -> LossOutput:
+        x, y, global_count = mb
+        if fault is not None and calls[0] == fault:
+            os._exit(137)  # kill tests: die inside the accumulation window, as SIGKILL would
+        calls[0] += 1
+        with autocast(config.precision, x.device.type):
+            out = forward(x)
+        if classes:  # (B, T, V) logits and (B, T) tokens: one class axis, as for (N, C)
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        res = compute_loss(spec, out, y)
+        if global_count is not None:
+            # DDP averages the ranks' gradients: this rank's share of the global micro-batch loss, × world
+            denom = 1.0 if spec.reduction == "sum" else global_count.to(res.sum.dtype)
+            res = LossOutput(res.sum * world / denom, res.sum, res.count)
+        if inject:  # [run] inject_nonfinite: as a float16 overflow would
+            res = LossOutput(res.value * math.inf, res.sum * math.inf, res.count)
+        return res
+
+    return loss_fn
+
+
+def _maybe_evaluate(config: Config, run: training.Run, model: Any, device: torch.device, dtype: torch.dtype,
+                    t: int) -> float | None:
+    if not training.eval_due(run, t):
+        return None
+    record = training.eval_record(t, _evaluate(config, run, model, device, dtype))
+    val = record["val_loss"]
+    best = run.counters.best_val_loss
+    if math.isfinite(val) and (best is None or val < best):
+        run.counters = run.counters._replace(best_val_loss=val)
+    if run.metrics is not None:
+        run.metrics.log_eval(record)
+    return val
+
+
+def _evaluate(config: Config, run: training.Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:
+    """Validation sums over every rank's batches: Σ loss sums, Σ counts, correct, predictions."""
+    spec = config.loss
+    classes = spec.name in training.CLASS_LOSSES
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for batch in run.data.val_batches():
+                x, y = rt.to_device(batch, device, dtype)
+                with autocast(config.precision, device.type):
+                    out = model(x)
+                if classes:
+                    out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+                res = compute_loss(spec, out, y)
+                part = [res.sum, res.count, torch.zeros(()), torch.zeros(())]
+                if classes:
+                    valid = y != spec.ignore_index
+                    part[2:] = [((out.argmax(-1) == y) & valid).sum(), valid.sum()]
+                sums += torch.stack([p.to(device=device, dtype=torch.float64) for p in part])
+    finally:
+        model.train()
+    if run.world_size > 1:
+        sums = ddp.sum_over_ranks(sums, device)
+    loss_sum, count, correct, predictions = sums.tolist()
+    return EvalTotals(loss_sum, count, int(correct), int(predictions))
