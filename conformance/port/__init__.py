@@ -1,0 +1,32 @@
+"""Porting between native set-ups and twinstep's neutral spec (docs/porting.md).
+
+    from conformance.port import from_torch, from_optax, to_code
+    spec = from_torch(optimizer, scheduler, model.named_parameters())   # torch objects -> spec
+    spec = from_optax({"optax": {"chain": [...]}})                      # optax description -> spec
+    print(to_code(load_config(spec), "torch"))                          # spec -> plain torch / optax code
+
+Weights: `conformance.port.weights.import_weights`. Nothing here imports torch or jax at import
+time; the functions that read torch objects or run code import them when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.errors import ConfigError
+from conformance.port.from_optax import from_optax
+from conformance.port.from_torch import Ported, from_torch
+
+__all__ = ["Ported", "from_optax", "from_torch", "to_code"]
+
+
+def to_code(config: Any, framework: str, source: str = "", updates_per_epoch: int = 1) -> str:
+    """A runnable snippet (no twinstep import) reproducing `config` (a Config): framework "torch"
+    (torch.optim + lr_scheduler + an Updater) or "optax" (an optax chain and a step function)."""
+    from conformance.port.code_optax import optax_code
+    from conformance.port.code_torch import torch_code
+
+    makers = {"torch": torch_code, "optax": optax_code}
+    if framework not in makers:
+        raise ConfigError(f"framework must be 'torch' or 'optax'; received {framework!r}")
+    return makers[framework](config, source, updates_per_epoch)

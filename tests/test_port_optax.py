@@ -1,0 +1,165 @@
+"""from_optax: an optax-flavoured description as the neutral spec, keeping optax's semantics. The
+reference is optax itself: the same description is built into optax's own transforms and schedules
+(conformance.port.check.build_optax, float64 counts) and run on the same gradient stream; twinstep's
+torch and JAX backends must follow it at every update (1e-12 abs, 1e-10 rel)."""
+
+from __future__ import annotations
+
+import inspect
+
+import optax
+import pytest
+
+from conformance.errors import ConfigError, UnsupportedError
+from conformance.harness.backends import Backend
+from conformance.port import from_optax
+from conformance.port.check import compare, gradient_stream, run_backend
+from conformance.port.native import run_native_optax
+from conformance.port.optax_desc import REQUIRED, TRANSFORMS
+from conformance.port.optax_sched import SCHEDULES
+from conformance.spec import load_config
+
+SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3)}
+WARMUP_COSINE = {"warmup_cosine_decay_schedule": {"init_value": 0.0, "peak_value": 0.05, "warmup_steps": 3,
+                                                  "decay_steps": 10, "end_value": 1e-3}}
+
+
+def lr(schedule: dict) -> dict:
+    return {"sgd": {"learning_rate": schedule, "momentum": 0.9}}
+
+
+DESCRIPTIONS = {
+    "issue-example": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}}, {"adamw": {
+        "learning_rate": WARMUP_COSINE, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "eps_root": 0.0, "weight_decay": 1e-4}}]},
+    "multisteps-adam-eps-root": {"MultiSteps": {"opt": {"chain": [{"clip_by_global_norm": {"max_norm": 0.5}},
+                                                                  {"adam": {"learning_rate": 0.01, "eps_root": 1e-8}}]},
+                                                "every_k_schedule": 3}},
+    "rmsprop-defaults": {"rmsprop": {"learning_rate": 0.01}},
+    "rmsprop-centered-momentum": {"rmsprop": {"learning_rate": 0.01, "decay": 0.9, "eps": 1e-3, "centered": True,
+                                              "momentum": 0.9}},
+    "rmsprop-torch-order-schedule": {"chain": [{"clip": {"max_delta": 0.3}}, {"scale_by_rms": {
+        "decay": 0.99, "eps_in_sqrt": False}}, {"trace": {"decay": 0.9}}, {"scale_by_learning_rate": {
+            "learning_rate": {"cosine_decay_schedule": {"init_value": 0.01, "decay_steps": 5, "alpha": 0.1}}}}]},
+    "adagrad-defaults": {"adagrad": {"learning_rate": 0.1}},
+    "sgd-nesterov-staircase": {"sgd": {"learning_rate": {"exponential_decay": {
+        "init_value": 0.1, "transition_steps": 2, "decay_rate": 0.5, "staircase": True}}, "momentum": 0.9,
+        "nesterov": True}},
+    "maximize-l2-nadam": {"chain": [{"scale": {"step_size": -1.0}}, {"add_decayed_weights": {"weight_decay": 0.1}},
+                                    {"nadam": {"learning_rate": 0.01}}]},
+    "nadamw": {"nadamw": {"learning_rate": 0.01, "weight_decay": 0.05}},
+    "amsgrad": {"amsgrad": {"learning_rate": 0.01}},
+    "amsgrad-raw": {"amsgrad": {"learning_rate": 0.01, "bias_correction_nu": False}},
+    "adamax": {"adamax": {"learning_rate": 0.01}},
+    "lion-default-decay": {"lion": {"learning_rate": 0.01}},
+    "exponential-delayed": lr({"exponential_decay": {"init_value": 0.1, "transition_steps": 3, "decay_rate": 0.5,
+                                                     "transition_begin": 2}}),
+    "piecewise-multistep": lr({"piecewise_constant_schedule": {"init_value": 0.1, "boundaries_and_scales":
+                                                               {"3": 0.5, "6": 0.5}}}),
+    "piecewise-general": lr({"piecewise_constant_schedule": {"init_value": 0.1, "boundaries_and_scales":
+                                                             {"3": 0.5, "6": 0.1}}}),
+    "linear-from-zero": lr({"linear_schedule": {"init_value": 0.0, "end_value": 0.1, "transition_steps": 4}}),
+    "linear-delayed": lr({"linear_schedule": {"init_value": 0.1, "end_value": 0.01, "transition_steps": 4,
+                                              "transition_begin": 2}}),
+    "polynomial": lr({"polynomial_schedule": {"init_value": 0.1, "end_value": 0.0, "power": 2,
+                                              "transition_steps": 6}}),
+    "join-warmup-cosine": lr({"join_schedules": {"schedules": [
+        {"linear_schedule": {"init_value": 0.0, "end_value": 0.1, "transition_steps": 3}},
+        {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 5}}], "boundaries": [3]}}),
+    "cosine-onecycle": lr({"cosine_onecycle_schedule": {"transition_steps": 12, "peak_value": 0.1,
+                                                        "pct_start": 0.25}}),
+    "linear-onecycle": lr({"linear_onecycle_schedule": {"transition_steps": 12, "peak_value": 0.1,
+                                                        "pct_start": 0.25, "pct_final": 0.5}}),
+    "sgdr": lr({"sgdr_schedule": {"cosine_kwargs": [
+        {"init_value": 0.01, "peak_value": 0.1, "warmup_steps": 1, "decay_steps": 4}] * 2}}),
+    "warmup-exponential": lr({"warmup_exponential_decay_schedule": {
+        "init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2, "transition_steps": 2, "decay_rate": 0.5}}),
+    "warmup-constant": lr({"warmup_constant_schedule": {"init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+def test_descriptions_follow_optax_itself_on_both_backends(name: str) -> None:
+    description = DESCRIPTIONS[name]
+    spec = from_optax({"optax": description})
+    config = load_config({**spec, "precision": {"dtype": "float64"}})
+    values = {k: v * 0.5 for k, v in gradient_stream(SHAPES, 1, seed=9)[0][0]["g"].items()}
+    windows = gradient_stream(SHAPES, 12, micro=config.accumulation.steps)
+    with Backend("jax").context():
+        want = run_native_optax(description, values, windows)
+    for backend in ("torch", "jax"):
+        with Backend(backend).context():
+            err, message = compare(run_backend(backend, config, values, windows), want)
+        assert message is None, f"{backend}: {message} (spec {spec})"
+
+
+def test_optax_semantics_become_explicit_fields() -> None:
+    assert from_optax({"optax": {"rmsprop": {"learning_rate": 0.1}}})["optimizer"] == {
+        "name": "rmsprop", "alpha": 0.9, "eps": 1e-8, "eps_in_sqrt": True, "centered": False, "momentum": 0.0,
+        "weight_decay": 0.0, "lr": 0.1}
+    adagrad = from_optax({"optax": {"adagrad": {"learning_rate": 0.1}}})["optimizer"]
+    assert (adagrad["initial_accumulator_value"], adagrad["eps"], adagrad["eps_in_sqrt"]) == (0.1, 1e-7, True)
+    assert from_optax({"optax": {"nadam": {"learning_rate": 0.1}}})["optimizer"]["momentum_schedule"] is False
+    assert from_optax({"optax": {"amsgrad": {"learning_rate": 0.1}}})["optimizer"]["amsgrad_variant"] == "optax"
+    issue = from_optax({"optax": DESCRIPTIONS["issue-example"]})
+    assert issue["clip"] == {"max_norm": 1.0, "eps": 0.0}  # optax's clip has no eps
+    assert issue["optimizer"]["weight_decay"] == 1e-4 and issue["optimizer"]["name"] == "adamw"
+    assert issue["schedule"] == {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 10, "eta_min": 1e-3,
+                                 "start_factor": 0.0, "convention": "optax"}
+
+
+def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> None:
+    path = tmp_path / "optax.toml"
+    path.write_text('[optax]\nno_weight_decay = ["*.bias"]\n\n[optax.MultiSteps]\nevery_k_schedule = 4\n'
+                    'opt = {adamw = {learning_rate = 1e-3}}\n\n[model]\nname = "linear"\n')
+    config = load_config(from_optax(path))
+    assert config.accumulation.steps == 4 and config.model.name == "linear"
+    assert config.optimizer.no_weight_decay == ["*.bias"]
+
+
+@pytest.mark.parametrize("table, error, words", [
+    ({"radam": {"learning_rate": 0.1}}, UnsupportedError, "optax.radam cannot be translated: optax.radam adds eps"),
+    ({"adafactor": {}}, UnsupportedError, "optax.adafactor cannot be translated"),
+    ({"chain": [{"apply_if_finite": {}}]}, UnsupportedError, "apply_if_finite cannot be translated"),
+    ({"adamw": {"learning_rate": 0.1, "mask": "biases"}}, UnsupportedError, "mask is a Python function in optax"),
+    ({"rmsprop": {"learning_rate": {"exponential_decay": {"init_value": 0.1, "transition_steps": 1,
+                                                          "decay_rate": 0.9}}, "momentum": 0.9}},
+     UnsupportedError, "applies the lr before its momentum trace"),
+    ({"rmsprop": {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}}, UnsupportedError, "nesterov"),
+    ({"adam": {"learning_rate": 0.1, "beta1": 0.9}}, ConfigError, r"optax.adam.beta1 is not an argument of optax.adam"),
+    ({"adam": {"b1": 0.9}}, ConfigError, "optax.adam.learning_rate is required"),
+    ({"adam": {"learning_rate": 0.1, "mu_dtype": "bfloat16"}}, UnsupportedError, "mu_dtype"),
+    ({"chain": [{"add_decayed_weights": {"weight_decay": 0.1}}, {"clip_by_global_norm": {"max_norm": 1.0}},
+                {"sgd": {"learning_rate": 0.1}}]}, UnsupportedError, "clips g \\+ weight_decay"),
+    ({"MultiSteps": {"opt": {"sgd": {"learning_rate": 0.1}}, "every_k_schedule": 2, "use_grad_mean": False}},
+     UnsupportedError, "use_grad_mean = false sums"),
+    ({"sgd": {"learning_rate": {"piecewise_interpolate_schedule": {}}}}, UnsupportedError, "piecewise_interpolate"),
+    ({"sgd": {"learning_rate": {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 5, "exponent": 2.0}}}},
+     UnsupportedError, "exponent"),
+    ({"fromage": {"learning_rate": 0.1}}, UnsupportedError, "twinstep reads the optax transforms"),
+])
+def test_what_the_spec_cannot_express_is_refused_in_one_line(table: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=words) as info:
+        from_optax({"optax": table})
+    assert "\n" not in str(info.value)
+
+
+def test_a_description_without_an_optax_table_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no \\[optax\\] table"):
+        from_optax({"model": {"name": "linear"}})
+    with pytest.raises(ConfigError, match="unknown section 'optimizer'"):
+        from_optax({"optax": {"sgd": {"learning_rate": 0.1}}, "optimizer": {"name": "adam"}})
+
+
+@pytest.mark.parametrize("name", sorted(set(TRANSFORMS) | set(SCHEDULES)))
+def test_argument_tables_match_optax_signatures(name: str) -> None:
+    table = TRANSFORMS.get(name) or SCHEDULES[name]
+    params = inspect.signature(getattr(optax, name)).parameters
+    assert list(table) == list(params), name
+    for key, default in table.items():
+        want = params[key].default
+        if default is REQUIRED:
+            assert want is inspect.Parameter.empty, (name, key)
+        elif key in ("dtype_momentum", "accumulator_dtype") and name in ("adafactor", "MultiSteps"):
+            assert getattr(want, "__name__", want) == default
+        else:
+            assert want == default, (name, key, want)

@@ -1,0 +1,226 @@
+"""from_torch: torch.optim / lr_scheduler objects as the neutral spec, checked against the objects' own
+trajectories (issue 8's done-when): native objects run N updates of a fixed gradient stream, the
+translated spec runs on twinstep's torch and JAX backends, and parameters and lrs must agree at
+every update at the float64 tolerance (1e-12 abs, 1e-10 rel)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_port_support import (OPTIMIZERS, SCHEDULERS, config_of, float64_default, initial, native_run,
+                               on_backends, optimizer, parameters)
+from torch.optim import lr_scheduler as sched
+
+from conformance.errors import ConfigError, UnsupportedError
+from conformance.port import from_torch
+from conformance.port.check import compare, gradient_stream
+from conformance.port.native import run_native_torch
+from conformance.port.patterns import cover, owner
+
+
+def assert_same(spec: dict, position: int, values: dict, windows: list, want) -> None:
+    got = on_backends(config_of(spec), values, windows, position)
+    for name, trace in got.items():
+        err, message = compare(trace, want)
+        assert message is None, f"{name}: {message} (spec {spec})"
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_every_optimizer_class_with_groups_equals_its_native_trajectory(kind: str) -> None:
+    with float64_default():
+        spec, position, values, windows, want = native_run(kind, "step")
+    assert spec["optimizer"]["groups"], "two torch param groups become a group entry and the default"
+    assert_same(spec, position, values, windows, want)
+
+
+@pytest.mark.parametrize("kind, schedule", [("sgd-nesterov", s) for s in sorted(set(SCHEDULERS) - {"none"})]
+                         + [("adam", "onecycle"), ("adam", "onecycle-3-linear")])  # OneCycle cycles beta1
+def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule: str) -> None:
+    with float64_default():
+        spec, position, values, windows, want = native_run(kind, schedule, updates=12)
+    assert_same(spec, position, values, windows, want)
+
+
+@pytest.mark.parametrize("schedule", ["step", "onecycle", "warmup-cosine", "restarts"])
+def test_a_stepped_scheduler_continues_from_its_position(schedule: str) -> None:
+    with float64_default():
+        spec, position, values, windows, want = native_run("sgd-nesterov", schedule, updates=6, pre_steps=5)
+    assert position == 5
+    assert_same(spec, position, values, windows, want)
+
+
+def test_translations_read_the_initial_lr_not_the_current_one() -> None:
+    named = parameters(initial())
+    opt = torch.optim.SGD(named.values(), lr=0.1)
+    s = sched.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(3):
+        opt.step()
+        s.step()
+    spec = from_torch(opt, s)
+    assert opt.param_groups[0]["lr"] == 0.0125 and spec["optimizer"]["lr"] == 0.1 and spec.position == 3
+
+
+def test_onecycle_factors_are_recovered_exactly() -> None:
+    named = parameters(initial())
+    opt = torch.optim.Adam(named.values())
+    s = sched.OneCycleLR(opt, max_lr=0.07, total_steps=37, pct_start=0.23, div_factor=13.0, final_div_factor=7.0)
+    table = from_torch(opt, s)["schedule"]
+    assert (table["pct_start"], table["div_factor"], table["final_div_factor"]) == (0.23, 13.0, 7.0)
+    assert table["cycle_momentum"] and table["max_momentum"] == 0.95
+
+
+def test_warmup_plus_cosine_reads_as_warmup_cosine() -> None:
+    named = parameters(initial())
+    opt = torch.optim.AdamW(named.values(), lr=1e-3)
+    s = SCHEDULERS["warmup-cosine"](opt)
+    assert from_torch(opt, s)["schedule"] == {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 10,
+                                              "start_factor": 0.1, "eta_min": 1e-4, "convention": "torch"}
+
+
+# ------------------------------------------------------------------ random set-ups (hypothesis)
+
+_CHOICES = {
+    "sgd": lambda d: dict(momentum=d(st.sampled_from([0.0, 0.5, 0.9])), dampening=d(st.sampled_from([0.0, 0.2])),
+                          weight_decay=d(st.sampled_from([0.0, 0.1]))),
+    "adam": lambda d: dict(betas=(d(st.sampled_from([0.8, 0.9])), d(st.sampled_from([0.9, 0.999]))),
+                           amsgrad=d(st.booleans()), weight_decay=d(st.sampled_from([0.0, 0.05])),
+                           decoupled_weight_decay=d(st.booleans()), maximize=d(st.booleans())),
+    "rmsprop": lambda d: dict(alpha=d(st.sampled_from([0.9, 0.99])), momentum=d(st.sampled_from([0.0, 0.7])),
+                              centered=d(st.booleans()), eps=d(st.sampled_from([1e-8, 1e-3]))),
+    "adagrad": lambda d: dict(lr_decay=d(st.sampled_from([0.0, 0.05])),
+                              initial_accumulator_value=d(st.sampled_from([0.0, 0.3]))),
+    "nadam": lambda d: dict(momentum_decay=d(st.sampled_from([4e-3, 0.05])), decoupled_weight_decay=d(st.booleans()),
+                            weight_decay=d(st.sampled_from([0.0, 0.1]))),
+    "radam": lambda d: dict(betas=(0.9, d(st.sampled_from([0.9, 0.999]))), weight_decay=d(st.sampled_from([0.0, 0.1]))),
+}
+_CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop,
+            "adagrad": torch.optim.Adagrad, "nadam": torch.optim.NAdam, "radam": torch.optim.RAdam}
+
+
+@settings(max_examples=max(12, settings.default.max_examples // 2))  # ci: 12, dev: 50, long: 500
+@given(st.data())
+def test_random_native_setups_equal_their_translation(data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(sorted(_CLASSES)))
+    options = _CHOICES[name](data.draw)
+    lr = data.draw(st.sampled_from([0.01, 0.05]))
+    schedule = data.draw(st.sampled_from(sorted(set(SCHEDULERS) - {"onecycle"})))
+    group_lr = data.draw(st.sampled_from([None, 0.02]))
+    values = initial(seed=data.draw(st.integers(0, 3)))
+    with float64_default():
+        named = parameters(values)
+        first = {"params": [named["enc.bias"], named["head.bias"]], **({"lr": group_lr} if group_lr else {})}
+        opt = _CLASSES[name]([first, {"params": [named["enc.weight"], named["head.weight"]]}], lr=lr, **options)
+        scheduler = SCHEDULERS[schedule](opt) if schedule != "onecycle-3-linear" else None
+        spec = from_torch(opt, scheduler, named)
+        windows = gradient_stream({k: v.shape for k, v in values.items()}, 8, seed=7)
+        want = run_native_torch(opt, scheduler, named, windows)
+    assert_same(dict(spec), spec.position, values, windows, want)
+
+
+# ------------------------------------------------------------------ what cannot be expressed
+
+
+def _opt() -> tuple[dict, torch.optim.Optimizer]:
+    named = parameters(initial())
+    return named, torch.optim.SGD(named.values(), lr=0.1, momentum=0.9)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda o: sched.LambdaLR(o, lambda s: 0.9 ** s), "LambdaLR cannot be translated: its lr_lambda is an arbitrary"),
+    (lambda o: sched.MultiplicativeLR(o, lambda s: 0.9), "MultiplicativeLR cannot be translated"),
+    (lambda o: sched.ReduceLROnPlateau(o), "ReduceLROnPlateau cannot be translated: it follows a validation metric"),
+    (lambda o: sched.CyclicLR(o, 0.01, 0.1), "CyclicLR cannot be translated"),
+    (lambda o: sched.ChainedScheduler([sched.StepLR(o, 2), sched.ExponentialLR(o, 0.9)]),
+     "ChainedScheduler of 2 schedulers cannot be translated: it multiplies"),
+    (lambda o: sched.MultiStepLR(o, [3, 3, 5]), "MultiStepLR milestone 3 is listed more than once"),
+    (lambda o: sched.SequentialLR(o, [sched.StepLR(o, 2), sched.SequentialLR(o, [sched.StepLR(o, 2),
+                                   sched.StepLR(o, 3)], [2])], [4]), "SequentialLR part 1 is a SequentialLR"),
+])
+def test_inexpressible_schedulers_are_refused_with_one_line(make, words: str) -> None:
+    named, opt = _opt()
+    with pytest.raises(UnsupportedError, match=words) as info:
+        from_torch(opt, make(opt), named)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_and_subclassed_optimizers_are_refused() -> None:
+    named = parameters(initial())
+    with pytest.raises(UnsupportedError, match="torch.optim.adadelta.Adadelta cannot be translated"):
+        from_torch(torch.optim.Adadelta(named.values()))
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    with pytest.raises(UnsupportedError, match="a subclass of torch.optim.Adam may change its step"):
+        from_torch(MyAdam(named.values()))
+
+
+def test_options_twinstep_lacks_are_refused() -> None:
+    named = parameters(initial())
+    with pytest.raises(UnsupportedError, match=r"param_groups\[0\] has differentiable = True"):
+        from_torch(torch.optim.SGD(named.values(), lr=0.1, differentiable=True))
+    with pytest.raises(UnsupportedError, match="ConstantLR has no twinstep equivalent: schedule.factor"):
+        opt = torch.optim.SGD(named.values(), lr=0.1)
+        from_torch(opt, sched.ConstantLR(opt, factor=0.0))
+
+
+def test_a_trainable_parameter_outside_the_optimizer_is_refused() -> None:
+    named = parameters(initial())
+    opt = torch.optim.SGD([named["enc.weight"]], lr=0.1)
+    with pytest.raises(UnsupportedError, match="parameter 'enc.bias' requires grad but is in no param group"):
+        from_torch(opt, None, named)
+    for name in ("enc.bias", "head.weight", "head.bias"):
+        named[name].requires_grad_(False)
+    assert from_torch(opt, None, named)["optimizer"]["lr"] == 0.1  # frozen ones are fine
+
+
+def test_several_groups_need_parameter_names() -> None:
+    named = parameters(initial())
+    opt = optimizer("adamw", named)
+    with pytest.raises(ConfigError, match="has 2 param groups: pass named_parameters"):
+        from_torch(opt)
+    built_with_names = torch.optim.AdamW([{"params": [named["enc.bias"]], "param_names": ["enc.bias"], "lr": 0.1},
+                                          {"params": [named["enc.weight"]], "param_names": ["enc.weight"]}])
+    assert from_torch(built_with_names)["optimizer"]["groups"][0]["params"] == ["enc.bias"]
+
+
+def test_an_lr_changed_behind_the_schedulers_back_is_refused() -> None:
+    named, opt = _opt()
+    s = sched.StepLR(opt, 2)
+    opt.param_groups[0]["lr"] = 0.5  # a manual edit the translation would lose
+    with pytest.raises(UnsupportedError, match=r"param_groups\[0\]\['lr'\] = 0.5, but the scheduler's own schedule"):
+        from_torch(opt, s, named)
+
+
+def test_torch_adagrad_fills_accumulators_from_the_constructor_and_the_spec_says_so() -> None:
+    named = parameters(initial())
+    opt = torch.optim.Adagrad([{"params": [named["enc.bias"]], "initial_accumulator_value": 5.0},
+                               {"params": [named["enc.weight"]]}], initial_accumulator_value=0.5)
+    spec = from_torch(opt, None, {k: named[k] for k in ("enc.bias", "enc.weight")})
+    assert spec["optimizer"]["initial_accumulator_value"] == 0.5
+    assert "initial_accumulator_value" not in spec["optimizer"]["groups"][0]  # torch ignores the group's 5.0
+
+
+# ------------------------------------------------------------------ glob patterns
+
+
+def test_cover_finds_short_patterns_that_select_exactly_the_group() -> None:
+    names = ["enc.0.weight", "enc.0.bias", "enc.1.weight", "enc.1.bias", "head.weight", "head.bias"]
+    biases = [n for n in names if n.endswith("bias")]
+    assert cover(biases, names) == ["*.bias"]
+    assert cover(["enc.0.weight", "enc.0.bias"], names) == ["enc.0.*"]
+    assert cover(["head.weight"], names) == ["head.weight"]
+    odd = ["w[0]", "w[1]"]
+    assert cover(["w[0]"], odd) == ["w[[]0]"] and owner("w[0]", [cover(["w[0]"], odd)]) == 0
+
+
+def test_conformance_port_imports_neither_torch_nor_jax() -> None:
+    code = ("import sys, conformance.port, conformance.port.check, conformance.port.code_torch, "
+            "conformance.port.code_optax, conformance.port.weights, conformance.cli.port; "
+            "bad = [m for m in ('torch', 'jax', 'optax', 'flax') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
