@@ -4,15 +4,20 @@
     if finite (else parameters and optimizer state stay as they were) → loss-scale update
 
 `make_update_step` returns one pure function (jit it once) over an UpdateState; the host then calls
-`finish_update` to apply the non-finite policy (a jitted step cannot raise). The learning rate is
-host-driven: pass `hyperparams` (e.g. {"learning_rate": schedule(precision.schedule_position(t,
-skipped))}) to a tx built with optax.inject_hyperparams, so a skipped update holds or advances the
-schedule exactly as the torch trainer's scheduler.step() does.
+`finish_update` to apply the non-finite policy (a jitted step cannot raise). Hyper-parameters are
+set per update through `hyperparams`: for the twinstep optimizer (ref_jax.optimizers) a sequence
+with one dict per parameter group, e.g. [{"lr": schedule(t)}], applied with set_group_hyperparams;
+for a tx built with optax.inject_hyperparams a mapping ({"learning_rate": ...}). Either way they
+are arrays inside jit, so a new value never recompiles, and a skipped update holds or advances the
+schedule exactly as the torch trainer's scheduler.step() does (the caller picks the position).
+
+`window_grads` replaces accumulate_gradients when the caller lays the window out itself (the JAX
+trainer pads windows to one fixed shape with masks: ref_jax._window).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -23,8 +28,9 @@ from conformance.spec.accumulation import AccumulationSpec
 from conformance.spec.clip import ClipSpec
 from conformance.spec.precision import PrecisionSpec
 from ref_jax.accumulation import accumulate_gradients
-from ref_jax._clip_transforms import clip_transform
+from ref_jax._clip_transforms import clip_transform, scale_by_norm
 from ref_jax.clipping import check_norm, total_norm
+from ref_jax.optimizers import set_group_hyperparams
 from ref_jax.precision import (LossScaleState, SkipState, check_nonfinite, finite_flags, grads_finite,
                                record_update, scale_loss, unscale_grads, update_scale)
 
@@ -53,23 +59,47 @@ class UpdateInfo(NamedTuple):
     grads_finite: Any
 
 
-def _with_hyperparams(opt_state: Any, hyperparams: Mapping[str, Any] | None) -> Any:
+Hyperparams = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+WindowGrads = Callable[[Any, Any, Any, Callable[[Any], Any] | None], tuple[Any, Any]]
+
+
+def _with_hyperparams(opt_state: Any, hyperparams: Hyperparams) -> Any:
     if not hyperparams:
         return opt_state
-    return opt_state._replace(hyperparams={**opt_state.hyperparams, **hyperparams})
+    if isinstance(hyperparams, Mapping):  # an optax.inject_hyperparams state
+        return opt_state._replace(hyperparams={**opt_state.hyperparams, **hyperparams})
+    for group, values in enumerate(hyperparams):  # the twinstep optimizer: one dict per group
+        if values:
+            opt_state = set_group_hyperparams(opt_state, group, **values)
+    return opt_state
+
+
+def _clip(spec: ClipSpec, grads: Any, norm: Any) -> Any:
+    # The global-norm rule reuses the pre-clip norm (torch's clip_grad_norm_ computes it once too).
+    if spec.mode == "global_norm":
+        return jax.tree.map(lambda g: scale_by_norm(g, norm, spec.max_norm, spec.eps), grads)
+    clip = clip_transform(spec)
+    return clip.update(grads, clip.init(grads))[0]
 
 
 def make_update_step(
-    specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any]
+    specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any] | None,
+    window_grads: WindowGrads | None = None,
 ) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
-    """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update."""
+    """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update.
+
+    window_grads(params, window, counts, scale_loss) -> (grads, WindowOutput), if given, computes
+    the window's gradients instead of accumulate_gradients(specs.accumulation, loss_fn, ...)."""
     prec = specs.precision
 
     def step(state: UpdateState, window: Any, counts: Any = None,
-             hyperparams: Mapping[str, Any] | None = None) -> tuple[UpdateState, UpdateInfo]:
+             hyperparams: Hyperparams = None) -> tuple[UpdateState, UpdateInfo]:
         scaler = (lambda loss: scale_loss(state.scale, loss)) if prec.dynamic_scaling else None
-        grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
-                                          scale_loss=scaler)
+        if window_grads is not None:
+            grads, out = window_grads(state.params, window, counts, scaler)
+        else:
+            grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
+                                              scale_loss=scaler)
         if prec.dynamic_scaling:
             grads, grads_ok = unscale_grads(state.scale, grads)  # before clipping
         else:
@@ -77,8 +107,7 @@ def make_update_step(
         loss_ok = jnp.all(jnp.isfinite(out.loss))
         finite = grads_ok & loss_ok
         norm = total_norm(grads, specs.clip.norm_type)  # no host check inside the step
-        clip = clip_transform(specs.clip)
-        clipped, _ = clip.update(grads, clip.init(grads))
+        clipped = _clip(specs.clip, grads, norm)
         opt_state = _with_hyperparams(state.opt_state, hyperparams)
         updates, new_opt = tx.update(clipped, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)

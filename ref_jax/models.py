@@ -23,12 +23,33 @@ from conformance.spec.model import ModelSpec
 from ref_jax.backend import framework_dtype
 
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+def _wide(x: Any) -> Any:
+    # torch's CPU kernels compute half-precision elementwise ops and norms in float32 and round once
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 def _activation(name: str, x: Any) -> Any:
+    w = _wide(x)
     if name == "gelu":
-        return jax.nn.gelu(x, approximate=False)  # torch's nn.GELU() default: the exact erf form
-    return jax.nn.relu(x) if name == "relu" else jnp.tanh(x)
+        y = jax.nn.gelu(w, approximate=False)  # torch's nn.GELU() default: the exact erf form
+    else:
+        y = jax.nn.relu(w) if name == "relu" else jnp.tanh(w)
+    return y.astype(x.dtype)
+
+
+def _linear(x: Any, w: Any, b: Any, autocast: Any) -> Any:
+    """x @ w.T + b. Under autocast (a half dtype, see _set_autocast) as torch.autocast's linear:
+    input, weight and bias in that dtype, float32 accumulation, one rounding after the bias."""
+    if autocast is None:
+        y = x @ w.T
+        return y if b is None else y + b
+    y = jnp.matmul(x.astype(autocast), w.astype(autocast).T, preferred_element_type=jnp.float32)
+    if b is not None:
+        y = y + b.astype(autocast).astype(jnp.float32)
+    return y.astype(autocast)
 
 
 def _dropout(x: Any, rate: float, key: Any, site: int) -> Any:
@@ -43,10 +64,10 @@ class _Linear(nnx.Module):
     def __init__(self, n_in: int, n_out: int, bias: bool, dtype: Any) -> None:
         self.weight = nnx.Param(jnp.zeros((n_out, n_in), dtype))
         self.bias = nnx.Param(jnp.zeros((n_out,), dtype)) if bias else None
+        self.autocast = None
 
     def __call__(self, x: Any) -> Any:
-        y = x @ self.weight[...].T
-        return y if self.bias is None else y + self.bias[...]
+        return _linear(x, self.weight[...], None if self.bias is None else self.bias[...], self.autocast)
 
 
 class _LayerNorm(nnx.Module):
@@ -56,10 +77,11 @@ class _LayerNorm(nnx.Module):
 
     def __call__(self, x: Any) -> Any:
         # Two-pass biased variance, as torch (flax's fast variance E[x²]−E[x]² loses digits).
-        mean = x.mean(axis=-1, keepdims=True)
-        var = jnp.square(x - mean).mean(axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + LN_EPS) * self.weight[...]
-        return y if self.bias is None else y + self.bias[...]
+        w = _wide(x)
+        mean = w.mean(axis=-1, keepdims=True)
+        var = jnp.square(w - mean).mean(axis=-1, keepdims=True)
+        y = (w - mean) * jax.lax.rsqrt(var + LN_EPS) * self.weight[...]
+        return (y if self.bias is None else y + self.bias[...]).astype(x.dtype)
 
 
 class _Activation(nnx.Module):
@@ -78,10 +100,10 @@ class LinearModel(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if bias else None
         spec = ModelSpec(name="linear", in_features=in_features, out_features=out_features, bias=bias)
         self.param_names = tuple(param_shapes(spec, None))
+        self.autocast = None
 
     def __call__(self, x: Any, key: Any = None) -> Any:
-        y = x @ self.weight[...].T
-        return y if self.bias is None else y + self.bias[...]
+        return _linear(x, self.weight[...], None if self.bias is None else self.bias[...], self.autocast)
 
 
 class MLP(nnx.Module):
@@ -117,13 +139,15 @@ class _SelfAttention(nnx.Module):
 
     def __call__(self, x: Any, key: Any, site: int) -> Any:
         b, t, d = x.shape
-        q, k, v = (z.reshape(b, t, self.n_head, d // self.n_head) for z in jnp.split(self.c_attn(x), 3, axis=-1))
+        qkv = self.c_attn(x)
+        q, k, v = (_wide(z).reshape(b, t, self.n_head, d // self.n_head) for z in jnp.split(qkv, 3, axis=-1))
         # Spelled out rather than jax.nn.dot_product_attention, whose softmax runs in float32 even for
         # float64 inputs (measured 1.5e-7) and which has no dropout on the attention weights.
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // self.n_head)
         scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -jnp.inf)
         weights = _dropout(jax.nn.softmax(scores, axis=-1), self.dropout, key, site)
-        y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        # under autocast, a fused kernel as torch's SDPA: float32 inside, one rounding of the output
+        y = jnp.einsum("bhqk,bkhd->bqhd", weights, v).astype(qkv.dtype)
         return _dropout(self.c_proj(y.reshape(b, t, d)), self.dropout, key, site + 1)
 
 
@@ -160,6 +184,7 @@ class GPT(nnx.Module):
                  dropout: float = 0.0, bias: bool = True, dtype: Any = jnp.float32) -> None:
         self.transformer = _Transformer(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, dtype)
         self.block_size, self.dropout = block_size, dropout
+        self.autocast = None
         spec = ModelSpec(name="gpt", vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
                          n_head=n_head, n_embd=n_embd, dropout=dropout, bias=bias)
         self.param_names = tuple(param_shapes(spec, None))
@@ -170,7 +195,7 @@ class GPT(nnx.Module):
         x = _dropout(x, self.dropout, key, 0)
         for i, block in enumerate(self.transformer.h):
             x = block(x, key, 1 + 3 * i)
-        return self.transformer.ln_f(x) @ wte.T
+        return _linear(self.transformer.ln_f(x), wte, None, self.autocast)  # lm_head, tied to wte
 
 
 def _make(spec: ModelSpec, info: DataInfo | None, dtype: Any) -> nnx.Module:
@@ -180,6 +205,16 @@ def _make(spec: ModelSpec, info: DataInfo | None, dtype: Any) -> nnx.Module:
     if spec.name == "mlp":
         return MLP(dims.in_features, list(spec.hidden), dims.out_features, spec.activation, spec.norm, spec.bias, dtype)
     return GPT(dims.vocab_size, dims.block_size, spec.n_layer, spec.n_head, spec.n_embd, spec.dropout, spec.bias, dtype)
+
+
+def _set_autocast(model: nnx.Module, dtype: Any) -> None:
+    """Run the model as torch.autocast(dtype) runs its twin (dtype bfloat16 or float16; None: off):
+    parameters stay in their dtype; every linear map (and the lm_head) computes in `dtype` with
+    float32 accumulation; activations, LayerNorm and attention take half inputs in float32 and
+    round once; embeddings and the residual stream keep the parameters' dtype."""
+    for _, module in nnx.iter_modules(model):
+        if hasattr(module, "autocast"):
+            module.autocast = dtype
 
 
 def _paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:

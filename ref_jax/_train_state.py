@@ -1,0 +1,149 @@
+"""The JAX trainer's state: built from a config, restored from and saved to neutral checkpoints.
+
+A checkpoint written here is the one conformance.checkpoint defines for both trainers: parameters
+by neutral name in their own dtype, the optimizer state under CONTRACT.md §4's names
+(ref_jax.optimizers.export_state), the loss scale as scale_state_to_dict, counters and data
+position in the meta, and the JAX root key with the host generators under "rank0/"
+(conformance.training.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
+trainer resumes here and back: what one framework does not know (torch's generator states, a
+JAX key) the other ignores; the dropout key is a pure function of run.seed and the update.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from conformance import training as tr
+from conformance.checkpoint import check_tensors
+from conformance.data import DataInfo
+from conformance.errors import CheckpointError
+from conformance.spec import Config
+from ref_jax import backend
+from ref_jax._sharding import Placement
+from ref_jax._train_step import TrainState
+from ref_jax._update import UpdateState
+from ref_jax._window import WindowLayout, rows_for
+from ref_jax.checkpoint import capture_rng, restore_rng
+from ref_jax.models import _set_autocast, build_model, functional, named_parameters
+from ref_jax.optimizers import build_optimizer, export_state, import_state
+from ref_jax.precision import (Policy, SkipState, get_policy, init_scale_state, init_skip_state,
+                               scale_state_from_dict, scale_state_to_dict)
+from ref_jax.schedules import schedule_values
+
+
+class Parts(NamedTuple):
+    """The run's fixed pieces: the model as a pure function, its initial parameters, the dtype
+    policy, the optimizer, the schedule's values per position (schedule_tables) and the window
+    layout."""
+
+    apply: Any
+    params: dict[str, Any]
+    policy: Policy
+    tx: Any
+    tables: dict[str, np.ndarray]
+    layout: WindowLayout
+    eval_rows: int
+
+
+def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: int, planned: int) -> Parts:
+    """Model (conformance.models.init_params(model, data, run.seed): torch's initial weights),
+    optimizer, schedules and window layout of a config."""
+    policy = get_policy(config.precision)
+    model = build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype)
+    if config.precision.autocast:  # torch.autocast's semantics, op by op, over float32 master weights
+        _set_autocast(model, policy.compute_dtype)
+    params = dict(named_parameters(model))
+    tx = build_optimizer(config.optimizer, params)
+    tables = schedule_tables(config, updates_per_epoch, planned)
+    tokens = info.task == "language_model"
+    real = backend.framework_dtype(config.precision.param_dtype)
+    layout = WindowLayout(config.accumulation.steps, rows_for(config.data.batch_size, place.count),
+                          np.int32 if tokens else real, np.int32 if info.task != "regression" else real, real, tokens)
+    eval_rows = rows_for(config.data.eval_batch_size or config.data.batch_size, place.count)
+    return Parts(functional(model), params, policy, tx, tables, layout, eval_rows)
+
+
+def schedule_tables(config: Config, updates_per_epoch: int, planned: int) -> dict[str, np.ndarray]:
+    """The schedule at every position 0 .. planned-1 ({"lr": [planned, groups], "momentum" when
+    onecycle cycles momentum or beta1}): the optax schedules evaluated in float64 (as torch computes
+    its lr in double precision), then rounded to the parameter dtype."""
+    per_epoch = updates_per_epoch if config.schedule.unit == "epoch" else 1
+    with jax.enable_x64(True):
+        values = schedule_values(config.schedule, config.optimizer, planned, per_epoch)
+    dtype = backend.framework_dtype(config.precision.param_dtype)
+    tables = {"lr": np.asarray(values["lr"]).astype(dtype)}
+    if values["momentum"] is not None:
+        tables["momentum"] = np.asarray(values["momentum"]).astype(dtype)
+    return tables
+
+
+def _expected(params: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {n: (tuple(p.shape), jnp.dtype(p.dtype).name) for n, p in params.items()}
+
+
+# The pieces a restore puts back; the resume tests leave each out in turn (negative controls only).
+PIECES: tuple[str, ...] = ("model", "optimizer", "loss_scale", "schedule", "rng")
+
+
+def initial_state(parts: Parts, run: tr.Run, place: Placement,
+                  skip: frozenset[str] = frozenset()) -> tuple[TrainState, Any]:
+    """(TrainState, root key): fresh, or the checkpoint `run` resumes from (either trainer's).
+    `skip` names PIECES to leave out (negative controls only)."""
+    config = run.config
+    key = jax.random.key(config.run.seed)
+    params = parts.params
+    opt_state = parts.tx.init(params)
+    scale = init_scale_state(config.precision)
+    skips = init_skip_state()
+    found = run.checkpoint
+    if found is not None:
+        saved = found.state
+        check_tensors(_expected(params), saved.model)
+        if "model" not in skip:
+            params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
+        meta = saved.meta or {}
+        if "optimizer" not in skip:
+            opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
+                                                             "state": saved.optimizer or {}})
+        if config.precision.dynamic_scaling and "loss_scale" not in skip:
+            if not isinstance(meta.get("loss_scale"), dict):
+                raise CheckpointError(f"{found.path}: state.json has no loss_scale, but this run scales the loss "
+                                      f"dynamically")
+            scale = scale_state_from_dict(meta["loss_scale"])
+        c = run.counters
+        skips = SkipState(jnp.asarray(c.skipped_total, jnp.int32), jnp.asarray(c.consecutive_skips, jnp.int32))
+        mine = tr.unpack_rank_rng(saved.rng or {}, meta.get("rng") or {}, 0)
+        restored = restore_rng(*mine) if mine is not None and "rng" not in skip else None
+        if restored is not None:
+            key = restored  # a torch checkpoint holds no JAX key: the seed's key is the same one
+    position = 0 if "schedule" in skip else run.counters.schedule_t
+    state = TrainState(UpdateState(params, opt_state, scale, skips), jnp.asarray(position, jnp.int32))
+    return place.put_replicated(state), place.put_replicated(key)
+
+
+def params_numpy(state: TrainState) -> dict[str, np.ndarray]:
+    """The parameters as NumPy arrays in their own dtype, by neutral name."""
+    return {n: np.array(jax.device_get(p)) for n, p in state.update.params.items()}
+
+
+def versions(place: Placement) -> dict[str, Any]:
+    """Library versions, PRNG/numerics flags and the devices of the mesh, for the manifest."""
+    d = backend.describe()
+    out = {k: str(d[k]) for k in ("jax", "optax", "flax", "threefry_partitionable", "default_matmul_precision")}
+    return {**out, "jax_devices": ",".join(str(x) for x in place.devices)}
+
+
+def save(run: tr.Run, place: Placement, state: TrainState, key: Any, updates_done: int,
+         val_loss: float | None) -> Path | None:
+    """Write the checkpoint after `updates_done` updates (see the module docstring)."""
+    config = run.config
+    exported = export_state(state.update.opt_state)
+    scale = scale_state_to_dict(state.update.scale) if config.precision.dynamic_scaling else None
+    rng, rng_meta = tr.pack_rank_rng([capture_rng(key)])
+    meta = tr.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta)
+    return tr.save(run, updates_done, params_numpy(state), exported["state"], rng, meta, versions(place), val_loss)

@@ -1,0 +1,161 @@
+"""The JAX trainer's compiled step: one jitted function per run for the whole update.
+
+    state, out = step(state, window, t)     # window: ref_jax._window arrays, placed on the mesh
+
+inside which: the schedules give every group's lr (and onecycle's momentum/beta1) at the
+schedule position `state.schedule_t` → ref_jax._update's path (scale → padded window gradients
+→ unscale → finite check → clip → optimizer update kept only if finite → loss-scale update) →
+the position advances unless the update was skipped and schedule_on_skip = "hold". The position
+lives on the device, so the host never has to wait for one update before launching the next.
+The train state is donated: its buffers are reused for the new state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from conformance.spec import Config
+from conformance.spec.schedule import cycled_hyperparameter
+from ref_jax._sharding import Placement
+from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
+from ref_jax._window import WindowLayout, masked_loss, window_grads
+from ref_jax.losses import LossOutput, compute_loss
+from ref_jax.precision import Policy
+
+INDEX_LOSSES = ("cross_entropy", "nll")
+
+
+class TrainState(NamedTuple):
+    """Everything that changes from one update to the next, on the device."""
+
+    update: UpdateState
+    schedule_t: Any  # int32: updates that advanced the schedule (Counters.schedule_t)
+
+
+class StepOutput(NamedTuple):
+    """One update's device-side results: the update path's info and the lr of every group."""
+
+    info: UpdateInfo
+    lrs: Any
+
+
+def specs_of(config: Config) -> UpdateSpecs:
+    return UpdateSpecs(config.accumulation, config.clip, config.precision)
+
+
+def _element_mask(config: Config, out: Any, y: Any, rows: Any) -> Any:
+    """The sample mask broadcast to the loss's element shape (classes dropped for index targets)."""
+    if config.loss.name in INDEX_LOSSES and y.shape != out.shape:
+        return rows
+    return jnp.broadcast_to(rows.reshape(rows.shape + (1,) * (out.ndim - 1)), out.shape)
+
+
+def forward_loss(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
+                 params: Any, mb: Any, key: Any = None) -> tuple[LossOutput, Any]:
+    """(loss, model output) of one micro-batch {"x", "y", "mask"}: the forward pass (under
+    autocast for a half compute dtype: the model computes its linear maps in the Policy's compute
+    dtype from float32 master weights, ref_jax.models._set_autocast), the loss on outputs cast to
+    the Policy's output dtype, padding rows masked out. A language model's logits (B, T, V) meet
+    targets as (B·T, V) against (B·T,)."""
+    out = policy.cast_to_output(apply(params, mb["x"], key))
+    y, rows = mb["y"], mb["mask"]
+    logits = out
+    if layout.tokens:
+        rows = jnp.broadcast_to(rows[:, None], y.shape).reshape(-1)
+        out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    raw = compute_loss(config.loss, out, y, mask=_element_mask(config, out, y, rows))
+    return masked_loss(config.loss, raw, jnp.sum(rows)), logits
+
+
+def make_loss_fn(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
+                 key: Any = None) -> Callable[[Any, Any], LossOutput]:
+    """loss_fn(params, micro_batch) for the window accumulation; `key` (one per update) drives
+    dropout, folded with the micro-batch index "j"."""
+
+    def loss_fn(params: Any, mb: Any) -> LossOutput:
+        mb_key = None if key is None else jax.random.fold_in(key, mb["j"])
+        return forward_loss(config, apply, policy, layout, params, mb, mb_key)[0]
+
+    return loss_fn
+
+
+def _hyperparams(config: Config, tables: dict[str, Any], opt_state: Any, position: Any) -> tuple[list[dict], Any]:
+    lrs = tables["lr"][position]  # one row per schedule position, one column per group
+    groups: list[dict[str, Any]] = [{"lr": lrs[g]} for g in range(lrs.shape[0])]
+    if "momentum" in tables:
+        cycled = cycled_hyperparameter(config.schedule, config.optimizer)
+        for g, m in enumerate(tables["momentum"][position]):
+            if cycled == "momentum":
+                groups[g]["momentum"] = m
+            else:  # beta1: betas[0] cycles, betas[1] stays
+                groups[g]["betas"] = (m, opt_state.hyperparams[g]["betas"][1])
+    return groups, lrs
+
+
+def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, tx: Any, layout: WindowLayout,
+                    place: Placement) -> Callable[..., tuple[TrainState, StepOutput]]:
+    """The jitted, donating train step step(state, window, t, tables, root_key) -> (state, StepOutput).
+
+    `tables` holds the schedule's values at every position ({"lr": [positions, groups], and
+    "momentum" when onecycle cycles it}), computed once in float64 and rounded to the parameter
+    dtype, as torch applies its double-precision lr: a float32 run never evaluates cos() near its
+    end in float32 (measured 1e-6 relative error there)."""
+    specs = specs_of(config)
+    advance_on_skip = config.precision.schedule_on_skip == "advance"
+    dropout = config.model.name == "gpt" and config.model.dropout > 0
+
+    def step(state: TrainState, window: dict[str, Any], t: Any, tables: dict[str, Any],
+             root_key: Any) -> tuple[TrainState, StepOutput]:
+        key = jax.random.fold_in(root_key, t) if dropout else None
+        loss_fn = make_loss_fn(config, apply, policy, layout, key)
+
+        def injected(p: Any, mb: Any) -> LossOutput:
+            out = loss_fn(p, mb)
+            # [run] inject_nonfinite: every micro-batch loss of the update × +inf before the backward
+            # pass (conformance.training.injected), so loss and gradients are non-finite as in an overflow
+            factor = jnp.where(window["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
+            return LossOutput(out.value * factor, out.sum * factor, out.count)
+
+        def grads_of(params: Any, w: Any, counts: Any, scale: Any) -> Any:
+            del counts  # the window carries its own counts and divisor
+            return window_grads(config.accumulation, injected, params, w, scale)
+
+        hyper, lrs = _hyperparams(config, tables, state.update.opt_state, state.schedule_t)
+        update = make_update_step(specs, tx, None, window_grads=grads_of)
+        new, info = update(state.update, window, None, hyper)
+        moved = jnp.where(info.skipped, jnp.int32(advance_on_skip), jnp.int32(1))
+        return TrainState(new, state.schedule_t + moved), StepOutput(info, lrs)
+
+    return jax.jit(step, donate_argnums=(0,), out_shardings=place.replicated)
+
+
+class EvalSums(NamedTuple):
+    loss_sum: Any
+    count: Any
+    correct: Any
+    predictions: Any
+
+
+def make_eval_step(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
+                   place: Placement) -> Callable[[Any, dict[str, Any]], EvalSums]:
+    """eval(params, batch) -> EvalSums: the loss sum and count of one padded validation batch (eval
+    mode: no dropout) and, for class losses (tokens included), correct argmax predictions among
+    the targets that are not ignore_index, as the torch trainer counts them."""
+    classes = config.loss.name in INDEX_LOSSES
+
+    def evaluate(params: Any, batch: dict[str, Any]) -> EvalSums:
+        out, logits = forward_loss(config, apply, policy, layout, params, batch)
+        zero = jnp.zeros((), jnp.int32)
+        if not classes:
+            return EvalSums(out.sum, out.count, zero, zero)
+        y = batch["y"]
+        valid = jnp.broadcast_to(batch["mask"].reshape(batch["mask"].shape + (1,) * (y.ndim - 1)), y.shape)
+        valid = valid & (y != config.loss.ignore_index)
+        hit = (jnp.argmax(logits, axis=-1) == y) & valid
+        return EvalSums(out.sum, out.count, jnp.sum(hit, dtype=jnp.int32), jnp.sum(valid, dtype=jnp.int32))
+
+    return jax.jit(evaluate, out_shardings=place.replicated)
