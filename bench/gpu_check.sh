@@ -13,7 +13,10 @@
 #   6 GPT-2 small, compiled (150)  the same with torch.compile, 60 updates
 #   7 summary (10)              median tokens/s and MFU (vs the H200's dense bf16 peak, 989 TFLOP/s)
 #                               over the updates after the first 10 of steps 5 and 6
-#   8 trainer overhead (90)     bench/trainer_overhead.py on CUDA: trainer / seed loop for mlp and gpt
+#   8 trainer overhead (60)     bench/trainer_overhead.py on CUDA: trainer / seed loop for mlp and gpt
+#   9 optimizer step (45)       bench/optimizer_step.py on CUDA: twinstep's torch optimizers / bare torch.optim
+#  10 JAX trainer (45)          bench/gpu_jax.py: GPT-2 small tokens/s and MFU, step / bare optax
+#                               (prints SKIPPED where jaxlib has no CUDA: `pip install -U "jax[cuda13]"`)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${OUT:-$(mktemp -d)}"
@@ -89,7 +92,9 @@ for name in ("gpt2_eager", "gpt2_compiled"):
     print(f"{name}: median {tps:,.0f} tokens/s, MFU {mfu:.1%} of the dense bf16 peak, peak memory {mem:.1f} GiB, "
           f"last loss {ups[-1]['loss']:.4f} ({len(ups)} updates after warm-up)")
 EOF
-step "8 trainer overhead on CUDA" 90 "$PY" bench/trainer_overhead.py --device cuda --dtype bfloat16 \
-  --models mlp,gpt --updates 100 --repeats 3 --threads 4
+step "8 trainer overhead on CUDA" 60 "$PY" bench/trainer_overhead.py --device cuda --dtype bfloat16 \
+  --models mlp,gpt --updates 100 --repeats 2 --threads 4
+step "9 optimizer step on CUDA" 45 "$PY" bench/optimizer_step.py --device cuda --skip-jax --repeats 5
+step "10 JAX trainer on the GPU" 45 "$PY" bench/gpu_jax.py --updates 20
 log ""
 log "gpu_check: done in $(( $(date +%s) - T0 ))s; results in $RESULTS"

@@ -101,7 +101,7 @@ def test_jax_without_x64_is_exact_for_float32_factors() -> None:
 
 
 def test_jax_without_x64_rounds_inexact_factors_to_float32() -> None:
-    # documented limitation (docs/divergences/precision.md): no float64 without x64
+    # documented limitation (docs/divergences.md#precision): no float64 without x64
     spec = PrecisionSpec(loss_scale="dynamic", backoff_factor=0.3)
     state = jp.LossScaleState(jnp.asarray(90.0, jnp.float32), jnp.asarray(0, jnp.int32))
     assert float(jp.update_scale(spec, state, False).scale) == float(np.float32(90.0 * np.float32(0.3)))

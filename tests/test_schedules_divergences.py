@@ -1,4 +1,4 @@
-"""Pinned differences between torch.optim.lr_scheduler and optax schedules (docs/divergences/schedules.md).
+"""Pinned differences between torch.optim.lr_scheduler and optax schedules (docs/divergences.md#schedules).
 
 Each test asserts what the frameworks do today, so it fails if either one changes; the twinstep
 recipe for each is checked by the conformance cases named in the doc.

@@ -224,7 +224,7 @@ def test_float16_runs_skip_the_same_updates() -> None:
     j16 = run_jax(params, batches, precision, "tokens", poison={4})
     assert t16["skipped"] == j16["skipped"] and t16["scale"] == j16["scale"]
     assert [t for t, s in enumerate(t16["skipped"]) if s] == [0, 1, 2, 4, 14]
-    for k in params:  # measured 5e-7 (docs/divergences/precision.md)
+    for k in params:  # measured 5e-7 (docs/divergences.md#precision)
         np.testing.assert_allclose(t16["params"][-1][k], j16["params"][-1][k], atol=1e-5, rtol=0)
     same_skips = {t for t, s in enumerate(t16["skipped"]) if s}
     f32 = run_torch(params, batches, PrecisionSpec(), "tokens", poison=same_skips)

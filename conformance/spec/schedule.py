@@ -15,7 +15,7 @@ Field names and defaults are torch's (lr_scheduler constructor arguments in snak
 that torch has no default for, or that only some schedules read, are None until a schedule that
 reads them fills in its default: the resolved config (dump_config) states every value in force.
 `eta_min` is absolute, as in torch's CosineAnnealingLR: every group anneals from its own base lr to
-the same eta_min. `docs/divergences/schedules.md` lists where torch and optax differ.
+the same eta_min. `docs/divergences.md#schedules` lists where torch and optax differ.
 
 Parameter groups: `group_base_lrs` gives the base lr of each group in the order used everywhere
 an lr list appears (metrics, cases, checkpoints): the `[[optimizer.groups]]` in file order, then

@@ -1,0 +1,164 @@
+"""The JAX optimizer: per-parameter states and per-group hyper-parameters over a {name: array} dict.
+
+`make(spec, params)` returns an `optax.GradientTransformationExtraArgs`. Its state is an
+`OptimizerState` NamedTuple:
+
+- `plan` (static pytree node, no leaves): parameter names, their groups and each group's static
+  configuration, so that a state can be exported, imported and jitted on its own;
+- `hyperparams`: one dict per parameter group of the float hyper-parameters torch lets you change
+  between steps (`lr`, `momentum`, `betas`, `eps`, ...), as arrays: changing them (schedules,
+  OneCycle's momentum) never recompiles;
+- `leaves`: one state per parameter (ref_jax._leaf), with its own update count, as torch keeps.
+
+This is optax.multi_transform with one label per parameter and hyper-parameters shared per group
+(injected, as optax.inject_hyperparams does), written out so that a parameter without a gradient
+(`present[name]` False) keeps its state and count, as torch does for `p.grad is None`.
+Zero-size parameters are not given to the optimizer (they have nothing to update, and torch's
+Adafactor divides by their size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from conformance.errors import ConfigError
+from conformance.params import ParamGroup, resolve_groups
+from conformance.spec.optimizer import DYNAMIC, OptimizerSpec
+from ref_jax import _leaf
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class Plan:
+    """Static layout of an optimizer: which parameter belongs to which group, and each group's
+    optimizer with its static (non-float) options."""
+
+    names: tuple[str, ...]  # parameters the optimizer updates (zero-size ones excluded)
+    group_index: tuple[int, ...]  # group of each name
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    optimizers: tuple[str, ...]  # per group
+    labels: tuple[str, ...]  # per group
+    static: tuple[tuple[tuple[str, Any], ...], ...]  # per group: sorted (key, value) pairs
+
+    def cfg(self, group: int) -> dict[str, Any]:
+        return dict(self.static[group])
+
+
+class OptimizerState(NamedTuple):
+    plan: Plan
+    hyperparams: tuple[dict[str, Any], ...]
+    leaves: dict[str, Any]
+
+
+def split(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(dynamic, static) hyper-parameters of a group, plus the derived static options."""
+    hp = dict(group.hyperparams)
+    name = group.optimizer
+    dynamic = {k: v for k, v in hp.items() if k in DYNAMIC and not (name == "adafactor" and k == "eps")}
+    static = {k: v for k, v in hp.items() if k not in dynamic}
+    if name == "adafactor":
+        static["eps1"], dynamic["eps"] = hp["eps"]
+        del static["eps"]
+    static["decoupled"] = name == "adamw" or bool(hp.get("decoupled_weight_decay", False))
+    static.setdefault("eps_root", 0.0)
+    return dynamic, static
+
+
+def _array(value: Any, like: Any = None) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_array(v, None if like is None else like[i]) for i, v in enumerate(value))
+    return jnp.asarray(value, like.dtype if like is not None else jnp.result_type(float))
+
+
+def make(spec: OptimizerSpec, params: Mapping[str, Any]) -> tuple[optax.GradientTransformationExtraArgs, Plan]:
+    """The optimizer for `params` ({name: array}) and its static plan."""
+    shapes = {k: tuple(jnp.shape(v)) for k, v in params.items()}
+    groups = resolve_groups(spec, shapes)
+    index = {n: i for i, g in enumerate(groups) for n in g.names}
+    names = tuple(n for n in params if n in index and int(jnp.size(params[n])) > 0)
+    parts = [split(g) for g in groups]
+    plan = Plan(
+        names=names,
+        group_index=tuple(index[n] for n in names),
+        shapes=tuple(shapes[n] for n in names),
+        dtypes=tuple(str(getattr(params[n], "dtype", None) or jnp.result_type(params[n])) for n in names),
+        optimizers=tuple(g.optimizer for g in groups),
+        labels=tuple(g.label for g in groups),
+        static=tuple(tuple(sorted(s.items())) for _, s in parts),
+    )
+    initial = tuple(d for d, _ in parts)
+
+    def init(params: Mapping[str, Any]) -> OptimizerState:
+        return fresh_state(plan, initial, params)
+
+    def update(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, Any] | None = None,
+               present: Mapping[str, Any] | None = None, **extra: Any) -> tuple[dict[str, Any], OptimizerState]:
+        del extra
+        if params is None:
+            raise ValueError("this optimizer needs params in update(grads, state, params)")
+        return apply(grads, state, params, present)
+
+    return optax.GradientTransformationExtraArgs(init, update), plan
+
+
+def fresh_state(plan: Plan, hyperparams: tuple[dict[str, Any], ...],
+                params: Mapping[str, Any] | None = None) -> OptimizerState:
+    """The state before any update, with the given per-group hyper-parameters (state dtypes: those
+    of `params` when given, else the plan's)."""
+    leaves = {}
+    for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
+        like = jnp.zeros(shape, params[name].dtype if params is not None else dtype)
+        leaves[name] = _leaf.init(plan.optimizers[gi], like, plan.cfg(gi))
+    return OptimizerState(plan, tuple({k: _array(v) for k, v in h.items()} for h in hyperparams), leaves)
+
+
+def apply(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, Any],
+          present: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], OptimizerState]:
+    """One update: (updates to add to params, new state). `present[name]` False: no gradient."""
+    plan = state.plan
+    leaves = dict(state.leaves)
+    updates = {k: jnp.zeros_like(v) for k, v in params.items()}
+    for name, gi in zip(plan.names, plan.group_index):
+        p, s = params[name], state.leaves[name]
+        cfg = {**plan.cfg(gi), "param_dtype": p.dtype}
+
+        def step(g: Any, s: Any = s, p: Any = p, gi: int = gi, cfg: dict = cfg) -> tuple[Any, Any]:
+            new_p, new_s = _leaf.update(plan.optimizers[gi], g, s, p, state.hyperparams[gi], cfg)
+            if isinstance(new_p, _leaf.Delta):
+                return new_p.u, new_s  # torch's kernel is p + u: the same two operations
+            return new_p - p, new_s  # p + (new_p - p) == new_p exactly when new_p/p is in [1/2, 2] (Sterbenz)
+
+        if present is not None and name in present:
+            # no gradient: no update and the state (count included) untouched; skipped, not computed
+            u, new_s = jax.lax.cond(jnp.asarray(present[name]), step,
+                                    lambda g, s=s, p=p: (jnp.zeros_like(p), s), grads[name])
+        else:
+            u, new_s = step(grads[name])
+        updates[name] = u
+        leaves[name] = new_s
+    return updates, OptimizerState(plan, state.hyperparams, leaves)
+
+
+def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]) -> OptimizerState:
+    """A copy of `state` with group `group`'s dynamic hyper-parameters replaced (jittable)."""
+    plan = state.plan
+    if not 0 <= group < len(state.hyperparams):
+        raise ConfigError(f"group {group} does not exist; the optimizer has {len(state.hyperparams)} groups")
+    current = dict(state.hyperparams[group])
+    for key, value in values.items():
+        if key not in current:
+            raise ConfigError(f"group {group} ({plan.labels[group]}, {plan.optimizers[group]}) has no settable "
+                              f"hyper-parameter {key!r}; settable: {', '.join(current)}")
+        if plan.optimizers[group] == "adafactor" and key == "eps":
+            value = value[1] if isinstance(value, (tuple, list)) else value
+        current[key] = _array(value, current[key])
+    hps = list(state.hyperparams)
+    hps[group] = current
+    return OptimizerState(plan, tuple(hps), state.leaves)

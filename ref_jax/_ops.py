@@ -1,0 +1,47 @@
+"""Shared pieces of ref_jax's per-parameter optimizer math (torch's kernels, jnp)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def c(x: Any, like: Any) -> Any:
+    # a scalar coefficient in the array's dtype (torch casts Python scalars to the tensor dtype)
+    return jnp.asarray(x).astype(like.dtype)
+
+
+def lerp(start: Any, end: Any, w: Any) -> Any:
+    # torch's lerp: start + w·(end − start) for |w| < 0.5, else end + (w − 1)·(end − start), written
+    # as torch's vectorised kernel does (base + coeff·diff) so that only one formula is evaluated
+    w = jnp.asarray(w)
+    small = jnp.abs(w) < 0.5
+    diff = end - start
+    return jnp.where(small, start, end) + c(jnp.where(small, w, w - 1), start) * diff
+
+
+def prepare(g: Any, p: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    work = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
+    g = g.astype(work)
+    return (-g if cfg.get("maximize") else g), p.astype(work), work
+
+
+def decay(g: Any, p: Any, hp: Mapping[str, Any], decoupled: bool) -> tuple[Any, Any]:
+    if decoupled:
+        return g, p * c(1 - hp["lr"] * hp["weight_decay"], p)
+    return g + c(hp["weight_decay"], p) * p, p
+
+
+def f(step: Any, hp: Mapping[str, Any]) -> Any:
+    return step.astype(hp["lr"].dtype)  # update counts as floats of the hyper-parameter dtype
+
+
+def zeros(p: Any) -> Any:
+    return jnp.zeros(p.shape, p.dtype)
+
+
+def cast(s: Any, like: Any) -> Any:
+    return jax.tree.map(lambda new, old: new.astype(old.dtype), s, like)

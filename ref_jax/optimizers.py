@@ -1,0 +1,176 @@
+"""Optimizers with torch.optim's semantics, parameter groups and a neutral state, on jax/optax.
+
+Trainers build the optimizer from the spec and the named parameters (the names of torch's
+`named_parameters()`, e.g. `0.weight`), read and set per-group hyper-parameters before every
+update (schedules set `lr`; OneCycle cycles `momentum` or `betas[0]`), and move the state between
+frameworks through the neutral format of CONTRACT.md §4:
+
+    {"step": n, "state": {param_name: {state_name: ndarray}}}
+
+`step` is the number of updates applied (the largest per-parameter count); every parameter that
+has been updated has an entry with its own `step` (conformance.params.state_shapes lists the
+names). Counting: update t uses the hyper-parameters set for t; bias corrections count the
+updates a parameter received. Nothing advances outside `step()` / `update()`: a skipped update
+(not calling them, or keeping the old state) leaves everything as it was.
+
+Torch: `state` below is the torch.optim.Optimizer itself. JAX: `state` is the optimizer state (an
+`OptimizerState` NamedTuple pytree), and `update(grads, state, params, present=None)` returns
+(updates, state) as optax does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from conformance.errors import InputError
+from conformance.params import ParamGroup, check_state, check_trajectory_inputs, objective_grads
+from conformance.spec.optimizer import OptimizerSpec
+from ref_jax import _combine, _leaf
+from ref_jax.backend import framework_dtype, to_numpy
+
+
+def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
+    """Build the optimizer of `spec` for the named parameters (torch: an iterable of (name,
+    parameter), e.g. model.named_parameters(); JAX: the {name: array} parameter dict). Groups come
+    from conformance.params.resolve_groups, in that order. Torch: a torch.optim.Optimizer (the
+    built-in class, with foreach/fused kernels on CUDA, or a twinstep class where torch has none)
+    whose param_groups carry `param_names`. JAX: an optax GradientTransformationExtraArgs over the
+    dict, `update(grads, state, params, present=None)`, where present[name] = False marks a
+    parameter without a gradient in this update (not updated, state untouched, as torch does for
+    `grad is None`). Zero-size parameters are left out of the optimizer on both sides."""
+    tx, _ = _combine.make(spec, dict(named_params))
+    return tx
+
+
+def group_hyperparams(state: Any) -> list[dict[str, Any]]:
+    """The hyper-parameters of every parameter group, in group order (torch vocabulary: lr,
+    momentum, betas, ...). Torch: all of param_groups[i] but `params`; JAX: the settable floats."""
+    return [dict(h) for h in state.hyperparams]
+
+
+def set_group_hyperparams(state: Any, group: int, **values: Any) -> Any:
+    """Set hyper-parameters of parameter group `group` for the next update, e.g. lr=1e-3 or
+    betas=(0.85, 0.999). Torch: changes optimizer.param_groups[group] in place and returns the
+    optimizer; JAX: returns a new state (jittable, no recompilation). Unknown names raise
+    ConfigError."""
+    return _combine.set_hyperparams(state, group, values)
+
+
+def _groups(state: _combine.OptimizerState) -> list[ParamGroup]:
+    plan = state.plan
+    out = []
+    for gi, opt in enumerate(plan.optimizers):
+        hp = {**plan.cfg(gi), **{k: _py(v) for k, v in state.hyperparams[gi].items()}}
+        names = tuple(n for n, g in zip(plan.names, plan.group_index) if g == gi)
+        out.append(ParamGroup(plan.labels[gi], opt, hp, None, names=names))
+    return out
+
+
+def _py(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_py(v) for v in value)
+    return float(value)
+
+
+def export_state(state: Any) -> dict[str, Any]:
+    """The optimizer state in the neutral format {"step": n, "state": {param: {name: ndarray}}}
+    (arrays in their own dtype; `step` entries int64). Parameters never updated have no entry."""
+    plan = state.plan
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name in plan.names:
+        leaf = state.leaves[name]
+        step = int(leaf.step)
+        if step == 0:
+            continue
+        entry: dict[str, np.ndarray] = {}
+        for field, value in zip(leaf._fields, leaf):
+            if value is None or field in _leaf.INTERNAL_FIELDS:
+                continue
+            if field == "momentum_buffer" and not bool(getattr(leaf, "initialized", True)):
+                continue  # sgd / rmsprop: torch has created no buffer
+            entry[field] = np.asarray(step, np.int64) if field == "step" else np.asarray(jax.device_get(value))
+        out[name] = entry
+    return {"step": max((int(e["step"]) for e in out.values()), default=0), "state": out}
+
+
+def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
+    """Load a neutral state ({"step": n, "state": {...}}, as export_state writes) into an
+    optimizer of the same spec and parameters. Torch: into the optimizer, in place, returned; JAX:
+    a new state built on `state` (its hyper-parameters are kept). Parameters without an entry
+    start afresh. Checked first: InputError names the parameter and the state entry."""
+    plan = state.plan
+    entries = _entries(neutral)
+    check_state(_groups(state), dict(zip(plan.names, plan.shapes)), entries)
+    leaves = dict(_combine.fresh_state(plan, state.hyperparams).leaves)
+    for name, entry in entries.items():
+        gi = plan.group_index[plan.names.index(name)]
+        fresh = leaves[name]
+        values = {}
+        for field, cur in zip(fresh._fields, fresh):
+            if field == "initialized":
+                values[field] = jnp.asarray("momentum_buffer" in entry)
+            elif cur is None or field not in entry:
+                values[field] = cur
+            elif field == "step":
+                values[field] = jnp.asarray(int(np.asarray(entry[field])), jnp.int32)
+            else:
+                values[field] = jnp.asarray(np.asarray(entry[field])).astype(cur.dtype)
+        leaves[name] = type(fresh)(**values)
+    return _combine.OptimizerState(plan, state.hyperparams, leaves)
+
+
+def _entries(neutral: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+    if not isinstance(neutral, Mapping) or "state" not in neutral or not isinstance(neutral["state"], Mapping):
+        raise InputError("a neutral optimizer state is a table {'step': n, 'state': {param: {name: array}}}")
+    return neutral["state"]
+
+
+@jax.jit
+def _step(params: Any, grads: Any, present: Any, state: Any) -> tuple[Any, Any]:
+    updates, state = _combine.apply(grads, state, params, present)
+    return optax.apply_updates(params, updates), state
+
+
+def run_trajectory(
+    spec: OptimizerSpec,
+    params: Mapping[str, np.ndarray],
+    grads: list[Mapping[str, np.ndarray]] | None = None,
+    objective: Mapping[str, Any] | None = None,
+    steps: int | None = None,
+    dtype: str = "float64",
+    state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
+    """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
+    state after each update]}. Gradients are given per update (a parameter missing from an
+    update's table has no gradient there) or come from `objective` (quadratic) for `steps`
+    updates; `state` is a neutral state ({param: {name: array}}) to start from."""
+    n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
+    dt = framework_dtype(dtype)
+    p = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
+    tx = build_optimizer(spec, p)
+    st = tx.init(p)
+    if state:
+        st = import_state(st, {"state": state})
+    if objective is not None:
+        center = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in objective["center"].items()}
+        curvature = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in objective["curvature"].items()}
+    out_params, out_state = [], []
+    for k in range(n):
+        if grads is not None:
+            g = {name: jnp.asarray(np.asarray(grads[k].get(name, np.zeros(np.shape(v))), np.float64), dt)
+                 for name, v in params.items()}
+            present = {name: jnp.asarray(name in grads[k]) for name in params}
+        else:
+            g = objective_grads({"center": center, "curvature": curvature}, p)
+            present = {name: jnp.asarray(True) for name in params}
+        p, st = _step(p, g, present, st)
+        out_params.append({name: to_numpy(v) for name, v in p.items()})
+        out_state.append({name: {key: np.asarray(a, np.float64) for key, a in e.items()}
+                          for name, e in export_state(st)["state"].items()})
+    return {"params": out_params, "state": out_state}

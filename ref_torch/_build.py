@@ -1,0 +1,142 @@
+"""How ref_torch turns twinstep's parameter groups into torch.optim objects, and torch's state
+names into the neutral ones (CONTRACT.md §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim.optimizer import _get_scalar_dtype
+
+from conformance.params import ParamGroup
+from ref_torch import _functional, _muon
+
+# torch state key -> neutral name, per optimizer
+STATE_NAMES: dict[str, dict[str, str]] = {
+    "sgd": {"step": "step", "momentum_buffer": "momentum_buffer"},
+    "adam": {"step": "step", "exp_avg": "m", "exp_avg_sq": "v", "max_exp_avg_sq": "v_max"},
+    "rmsprop": {"step": "step", "square_avg": "square_avg", "grad_avg": "grad_avg",
+                "momentum_buffer": "momentum_buffer"},
+    "adagrad": {"step": "step", "sum": "sum"},
+    "adamax": {"step": "step", "exp_avg": "m", "exp_inf": "u"},
+    "nadam": {"step": "step", "exp_avg": "m", "exp_avg_sq": "v", "mu_product": "mu_product"},
+    "radam": {"step": "step", "exp_avg": "m", "exp_avg_sq": "v"},
+    "lion": {"step": "step", "exp_avg": "m"},
+    "adafactor": {"step": "step", "row_var": "row_var", "col_var": "col_var", "variance": "variance"},
+    "muon": {"step": "step", "momentum_buffer": "momentum_buffer"},
+}
+STATE_NAMES["adamw"] = STATE_NAMES["adam"]
+
+NADAM_SCHEDULE_OFF = 1e9  # 0.96 ** (t * 1e9) underflows to 0, so torch's mu_t is exactly beta1
+FUSED = ("sgd", "adam", "adamw", "adagrad")  # torch.optim classes with fused kernels
+
+
+def neutral_names(optimizer: str, group: dict[str, Any]) -> dict[str, str]:
+    """torch state key -> neutral name for a group of `optimizer`."""
+    names = dict(STATE_NAMES[optimizer])
+    if optimizer in ("adam", "adamw") and group.get("amsgrad_variant", "torch") == "optax":
+        names["max_exp_avg_sq"] = "v_hat_max"
+    return names
+
+
+def torch_kwargs(group: ParamGroup) -> dict[str, Any]:
+    """The torch constructor arguments of a group (twinstep's extra fields kept for our classes)."""
+    hp = dict(group.hyperparams)
+    name = group.optimizer
+    if name == "nadam":
+        schedule = hp.pop("momentum_schedule")
+        if not schedule:
+            hp["momentum_decay"] = NADAM_SCHEDULE_OFF
+    if name == "adafactor":
+        eps1, eps2 = hp["eps"]
+        hp["eps"] = (None if eps1 == "auto" else eps1, eps2)
+    if name == "muon":
+        hp["ns_dtype"] = getattr(torch, hp["ns_dtype"])
+    if name == "adamw":
+        hp["decoupled_weight_decay"] = True  # what torch.optim.AdamW sets; read by AdamVariants too
+    return hp
+
+
+def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[..., Any], set[str]]:
+    """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
+    if name == "lion":
+        return _functional.Lion, set()
+    if name in ("adam", "adamw"):
+        if any(g["eps_root"] != 0 or (g["amsgrad"] and g["amsgrad_variant"] != "torch") for g in groups):
+            return _functional.AdamVariants, set()
+        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW), {"eps_root", "amsgrad_variant"}
+    if name == "rmsprop":
+        if any(g["eps_in_sqrt"] for g in groups):
+            return _functional.RMSpropEpsInSqrt, set()
+        return torch.optim.RMSprop, {"eps_in_sqrt"}
+    if name == "adagrad":
+        if any(g["eps_in_sqrt"] for g in groups):
+            return _functional.AdagradEpsInSqrt, set()
+        return torch.optim.Adagrad, {"eps_in_sqrt"}
+    if name == "muon":
+        if any(g["ns_dtype"] != torch.bfloat16 for g in groups):
+            return _muon.FloatMuon, set()
+        return torch.optim.Muon, {"ns_dtype"}
+    classes = {"sgd": torch.optim.SGD, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam,
+               "radam": torch.optim.RAdam, "adafactor": torch.optim.Adafactor}
+    return classes[name], set()
+
+
+def kernel_options(name: str, cls: Any, params: list[torch.Tensor], impl: str) -> dict[str, Any]:
+    """foreach/fused flags: "auto" is fused (else foreach) on CUDA and torch's default elsewhere."""
+    if cls not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop,
+                   torch.optim.Adagrad, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
+                   torch.optim.Adafactor):
+        return {}
+    if impl == "auto":
+        cuda = bool(params) and all(p.is_cuda for p in params)
+        impl = ("fused" if name in FUSED else "foreach") if cuda else "default"
+    if impl == "fused" and name in FUSED:
+        return {"fused": True}
+    if impl in ("foreach", "fused"):
+        return {"foreach": True}
+    if impl == "single":
+        return {"foreach": False}
+    return {}
+
+
+def make_single(name: str, groups: list[dict[str, Any]], impl: str) -> torch.optim.Optimizer:
+    """A torch optimizer of one kind over group dicts that already hold every hyper-parameter."""
+    cls, drop = optimizer_class(name, groups)
+    for g in groups:
+        for key in drop:
+            g.pop(key, None)
+    params = [p for g in groups for p in g["params"]]
+    opt = cls(groups, **kernel_options(name, cls, params, impl))
+    if cls is torch.optim.NAdam:
+        opt.register_step_pre_hook(_float64_mu_product)
+    if name in ("sgd", "muon"):
+        opt.register_step_post_hook(_count_steps)
+    return opt
+
+
+def _float64_mu_product(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # torch keeps NAdam's mu_product in float32 unless the *global* default dtype is float64; a
+    # float64 parameter gets a float64 product here, so float64 runs are exact whatever the default
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is not None and p.dtype == torch.float64 and len(opt.state[p]) == 0:
+                device = p.device if group["capturable"] else None
+                opt.state[p].update(
+                    step=torch.zeros((), dtype=_get_scalar_dtype(), device=device),
+                    mu_product=torch.ones((), dtype=torch.float64, device=device),
+                    exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                    exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+                )
+
+
+def _count_steps(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # SGD and Muon keep no update count; twinstep's neutral state has one per parameter
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                state = opt.state[p]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+                state["step"] += 1

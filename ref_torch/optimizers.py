@@ -1,0 +1,245 @@
+"""Optimizers with torch.optim's semantics, parameter groups and a neutral state, on torch.optim.
+
+Trainers build the optimizer from the spec and the named parameters (the names of torch's
+`named_parameters()`, e.g. `0.weight`), read and set per-group hyper-parameters before every
+update (schedules set `lr`; OneCycle cycles `momentum` or `betas[0]`), and move the state between
+frameworks through the neutral format of CONTRACT.md §4:
+
+    {"step": n, "state": {param_name: {state_name: ndarray}}}
+
+`step` is the number of updates applied (the largest per-parameter count); every parameter that
+has been updated has an entry with its own `step` (conformance.params.state_shapes lists the
+names). Counting: update t uses the hyper-parameters set for t; bias corrections count the
+updates a parameter received. Nothing advances outside `step()` / `update()`: a skipped update
+(not calling them, or keeping the old state) leaves everything as it was.
+
+Torch: `state` below is the torch.optim.Optimizer itself. JAX: `state` is the optimizer state (an
+`OptimizerState` NamedTuple pytree), and `update(grads, state, params, present=None)` returns
+(updates, state) as optax does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.optim.optimizer import _get_scalar_dtype
+
+from conformance.errors import ConfigError, InputError
+from conformance.params import ParamGroup, check_state, check_trajectory_inputs, objective_grads, resolve_groups
+from conformance.spec.optimizer import OptimizerSpec
+from ref_torch import _build, _muon
+from ref_torch.backend import framework_dtype, to_numpy
+
+
+def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
+    """Build the optimizer of `spec` for the named parameters (torch: an iterable of (name,
+    parameter), e.g. model.named_parameters(); JAX: the {name: array} parameter dict). Groups come
+    from conformance.params.resolve_groups, in that order. Torch: a torch.optim.Optimizer (the
+    built-in class, with foreach/fused kernels on CUDA, or a twinstep class where torch has none)
+    whose param_groups carry `param_names`. JAX: an optax GradientTransformationExtraArgs over the
+    dict, `update(grads, state, params, present=None)`, where present[name] = False marks a
+    parameter without a gradient in this update (not updated, state untouched, as torch does for
+    `grad is None`). Zero-size parameters are left out of the optimizer on both sides."""
+    return _build_optimizer(spec, named_params)
+
+
+def _build_optimizer(spec: OptimizerSpec, named_params: Any, impl: str = "auto") -> torch.optim.Optimizer:
+    # impl: "auto" | "default" | "single" | "foreach" | "fused" (tests compare the kernels)
+    named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
+    groups = resolve_groups(spec, {k: tuple(v.shape) for k, v in named.items()})
+    dicts = []
+    for g in groups:
+        kept = [n for n in g.names if named[n].numel() > 0]
+        d = {"params": [named[n] for n in kept], "param_names": kept, **_build.torch_kwargs(g),
+             "label": g.label, "optimizer_name": g.optimizer}
+        if spec.name == "muon":
+            d["use_muon"] = not g.fallback
+        dicts.append(d)
+    if spec.name != "muon":
+        opt = _build.make_single(spec.name, dicts, impl)
+    else:
+        fb = spec.fallback.name  # type: ignore[union-attr]
+        opt = _muon.MuonWithFallback(
+            dicts, lambda gs: _build.make_single("muon", gs, impl), lambda gs: _build.make_single(fb, gs, impl))
+    _reset_adagrad(opt, groups)
+    return opt
+
+
+def _reset_adagrad(opt: torch.optim.Optimizer, groups: list[ParamGroup]) -> None:
+    # torch.optim.Adagrad fills every accumulator with the constructor's initial_accumulator_value
+    # and ignores a group's own; twinstep honours the group's
+    for group in opt.param_groups:
+        if group["optimizer_name"] == "adagrad":
+            for p in group["params"]:
+                opt.state[p] = _fresh_adagrad(p, group)
+
+
+def _fresh_adagrad(p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+    fused = bool(group.get("fused"))
+    step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device if fused else None)
+    return {"step": step, "sum": torch.full_like(p, group["initial_accumulator_value"],
+                                                 memory_format=torch.preserve_format)}
+
+
+def _public(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k not in ("params", "param_names")}
+
+
+def group_hyperparams(state: Any) -> list[dict[str, Any]]:
+    """The hyper-parameters of every parameter group, in group order (torch vocabulary: lr,
+    momentum, betas, ...). Torch: all of param_groups[i] but `params`; JAX: the settable floats."""
+    return [_public(g) for g in state.param_groups]
+
+
+def set_group_hyperparams(state: Any, group: int, **values: Any) -> Any:
+    """Set hyper-parameters of parameter group `group` for the next update, e.g. lr=1e-3 or
+    betas=(0.85, 0.999). Torch: changes optimizer.param_groups[group] in place and returns the
+    optimizer; JAX: returns a new state (jittable, no recompilation). Unknown names raise
+    ConfigError."""
+    groups = state.param_groups
+    if not 0 <= group < len(groups):
+        raise ConfigError(f"group {group} does not exist; the optimizer has {len(groups)} groups")
+    target = groups[group]
+    fixed = ("params", "param_names", "label", "optimizer_name", "use_muon")
+    for key, value in values.items():
+        if key not in target or key in fixed:
+            settable = ", ".join(k for k in _public(target) if k not in fixed)
+            raise ConfigError(f"group {group} ({target['label']}, {target['optimizer_name']}) has no settable "
+                              f"hyper-parameter {key!r}; settable: {settable}")
+        if key == "momentum" and target["optimizer_name"] == "rmsprop" and value > 0:
+            _check_rmsprop_buffers(state, group)
+        target[key] = tuple(value) if isinstance(value, list) else value
+    return state
+
+
+def _check_rmsprop_buffers(opt: Any, group: int) -> None:
+    # torch.optim.RMSprop creates momentum buffers at a parameter's first update only if momentum
+    # > 0 then; switching momentum on afterwards would fail inside step() with a KeyError
+    for p in opt.param_groups[group]["params"]:
+        if opt.state.get(p) and "momentum_buffer" not in opt.state[p]:
+            raise ConfigError(f"group {group}: rmsprop parameters updated without momentum keep no momentum "
+                              f"buffer (torch.optim.RMSprop); set momentum > 0 before the first update")
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.float().numpy().astype(ml_dtypes.bfloat16)
+    return t.numpy().copy()
+
+
+def export_state(state: Any) -> dict[str, Any]:
+    """The optimizer state in the neutral format {"step": n, "state": {param: {name: ndarray}}}
+    (arrays in their own dtype; `step` entries int64). Parameters never updated have no entry."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for group in state.param_groups:
+        names = _build.neutral_names(group["optimizer_name"], group)
+        for name, p in zip(group["param_names"], group["params"]):
+            st = state.state.get(p, {})
+            if not st or float(st.get("step", 0)) == 0:
+                continue
+            entry = {}
+            for key, value in st.items():
+                if value is None or key not in names:
+                    continue
+                entry[names[key]] = np.asarray(int(value), np.int64) if key == "step" else _numpy(value)
+            out[name] = entry
+    return {"step": max((int(e["step"]) for e in out.values()), default=0), "state": out}
+
+
+def _groups(state: Any) -> list[ParamGroup]:
+    out = []
+    for g in state.param_groups:
+        hp = {k: v for k, v in _public(g).items()}
+        if g["optimizer_name"] in ("adam", "adamw"):
+            hp.setdefault("amsgrad_variant", "torch")
+        out.append(ParamGroup(g["label"], g["optimizer_name"], hp, None, names=tuple(g["param_names"])))
+    return out
+
+
+def _tensor(value: Any, like: torch.Tensor) -> torch.Tensor:
+    arr = np.asarray(value)
+    if arr.dtype not in (np.float64, np.float32, np.float16):
+        arr = arr.astype(np.float32)
+    # a copy: the optimizer updates its state in place and must not write into the caller's arrays
+    return torch.tensor(arr, device=like.device, dtype=like.dtype)
+
+
+def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
+    """Load a neutral state ({"step": n, "state": {...}}, as export_state writes) into an
+    optimizer of the same spec and parameters. Torch: into the optimizer, in place, returned; JAX:
+    a new state built on `state` (its hyper-parameters are kept). Parameters without an entry
+    start afresh. Checked first: InputError names the parameter and the state entry."""
+    if not isinstance(neutral, Mapping) or not isinstance(neutral.get("state"), Mapping):
+        raise InputError("a neutral optimizer state is a table {'step': n, 'state': {param: {name: array}}}")
+    entries = neutral["state"]
+    shapes = {n: tuple(p.shape) for g in state.param_groups for n, p in zip(g["param_names"], g["params"])}
+    check_state(_groups(state), shapes, entries)
+    for group in state.param_groups:
+        opt = group["optimizer_name"]
+        to_torch = {v: k for k, v in _build.neutral_names(opt, group).items()}
+        for name, p in zip(group["param_names"], group["params"]):
+            state.state.pop(p, None)
+            if opt == "adagrad":
+                state.state[p] = _fresh_adagrad(p, group)
+            if name not in entries:
+                continue
+            fused, capturable = bool(group.get("fused")), bool(group.get("capturable"))
+            new: dict[str, Any] = {}
+            for key, value in entries[name].items():
+                if key == "step":
+                    device = p.device if (fused or capturable) else None
+                    new["step"] = torch.tensor(float(np.asarray(value)), dtype=_get_scalar_dtype(is_fused=fused),
+                                               device=device)
+                elif key == "mu_product":
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    new[key] = torch.tensor(float(np.asarray(value)), dtype=dtype,
+                                            device=p.device if capturable else None)
+                else:
+                    new[to_torch[key]] = _tensor(value, p)
+            state.state[p] = new
+    return state
+
+
+def run_trajectory(
+    spec: OptimizerSpec,
+    params: Mapping[str, np.ndarray],
+    grads: list[Mapping[str, np.ndarray]] | None = None,
+    objective: Mapping[str, Any] | None = None,
+    steps: int | None = None,
+    dtype: str = "float64",
+    state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
+    """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
+    state after each update]}. Gradients are given per update (a parameter missing from an
+    update's table has no gradient there) or come from `objective` (quadratic) for `steps`
+    updates; `state` is a neutral state ({param: {name: array}}) to start from."""
+    n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
+    dt = framework_dtype(dtype)
+    named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64), dtype=dt)) for k, v in params.items()}
+    opt = build_optimizer(spec, named.items())
+    if state:
+        import_state(opt, {"state": state})
+    if objective is not None:
+        target = {part: {k: torch.tensor(np.asarray(v, np.float64), dtype=dt) for k, v in objective[part].items()}
+                  for part in ("center", "curvature")}
+    out_params, out_state = [], []
+    for k in range(n):
+        if grads is not None:
+            for name, p in named.items():
+                g = grads[k].get(name)
+                p.grad = None if g is None else torch.tensor(np.asarray(g, np.float64), dtype=dt)
+        else:
+            with torch.no_grad():
+                for name, g in objective_grads(target, named).items():
+                    named[name].grad = g.detach().clone()
+        opt.step()
+        out_params.append({name: to_numpy(p).copy() for name, p in named.items()})  # numpy shares memory
+        out_state.append({name: {key: np.asarray(a, np.float64) for key, a in e.items()}
+                          for name, e in export_state(opt)["state"].items()})
+    return {"params": out_params, "state": out_state}

@@ -1,0 +1,124 @@
+"""Shared helpers of the optimizer tests (no tests here): specs, random trajectories, error measures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from conformance.harness.backends import Backend
+from conformance.spec import load_config
+from conformance.spec.optimizer import OPTIMIZER_NAMES, OptimizerSpec
+
+BACKENDS = ("torch", "jax", "oracle")
+
+
+def spec_of(table: dict[str, Any]) -> OptimizerSpec:
+    return load_config({"optimizer": table}).optimizer
+
+
+def run_all(spec: OptimizerSpec, params: dict, grads: list | None, dtype: str = "float64",
+            backends: tuple[str, ...] = BACKENDS, **kwargs: Any) -> dict[str, dict]:
+    """run_trajectory on each backend, inside its numerics context."""
+    out = {}
+    for name in backends:
+        b = Backend(name)
+        with b.context():
+            out[name] = b.function("optimizers", "run_trajectory")(spec, params, grads, dtype=dtype, **kwargs)
+    return out
+
+
+def _rel(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if b.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+
+def worst(got: dict, want: dict, states: bool = True) -> float:
+    """Largest normwise relative error max|got − want| / max|want| over every update, parameter and
+    (with states) state array; a missing or extra state entry is infinitely wrong."""
+    err = 0.0
+    for g, w in zip(got["params"], want["params"]):
+        err = max(err, *(_rel(g[k], w[k]) for k in w))
+    if states:
+        for g, w in zip(got["state"], want["state"]):
+            if set(g) != set(w) or any(set(g[k]) != set(w[k]) for k in w):
+                return float("inf")
+            for k in w:
+                err = max(err, *(_rel(g[k][n], w[k][n]) for n in w[k]))
+    return err
+
+
+def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
+    f = lambda lo, hi: draw(st.floats(lo, hi, allow_nan=False))  # noqa: E731
+    o: dict[str, Any] = {"lr": f(1e-4, 0.3)}
+    if draw(st.booleans()):
+        o["weight_decay"] = f(0.0, 0.3)
+    if name not in ("sgd", "rmsprop", "adagrad", "adafactor", "muon"):
+        o["betas"] = [f(0.0, 0.99), f(0.5, 0.9999)]
+    if name in ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad"):
+        o["eps"] = 10 ** f(-10, -2)
+    if name == "sgd":
+        o["momentum"] = f(0.05, 0.99)
+        if not group and draw(st.booleans()):
+            o["dampening"] = f(0.0, 0.5)
+        elif not group:
+            o["nesterov"] = draw(st.booleans())
+    elif name in ("adam", "adamw") and not group:
+        o["amsgrad"] = draw(st.booleans())
+        if o["amsgrad"]:
+            o["amsgrad_variant"] = draw(st.sampled_from(["torch", "optax", "optax_raw"]))
+        if draw(st.booleans()):
+            o["eps_root"] = 10 ** f(-12, -4)
+    elif name == "rmsprop":
+        o.update(alpha=f(0.5, 0.999), momentum=draw(st.sampled_from([0.0, 0.5, 0.9])))
+        if not group:
+            o.update(centered=draw(st.booleans()), eps_in_sqrt=draw(st.booleans()))
+    elif name == "adagrad":
+        o["lr_decay"] = f(0.0, 0.2)
+        if not group:
+            o.update(initial_accumulator_value=f(0.0, 0.5), eps_in_sqrt=draw(st.booleans()))
+    elif name == "nadam":
+        o["momentum_decay"] = f(0.0, 0.05)
+        if not group and draw(st.booleans()):
+            o = {k: v for k, v in o.items() if k != "momentum_decay"} | {"momentum_schedule": False}
+    elif name == "adafactor":
+        o.update(beta2_decay=f(-1.0, -0.2), d=f(1.0, 3.0), eps=[draw(st.sampled_from(["auto", 1e-20])), f(1e-4, 1e-2)])
+    elif name == "muon":
+        o.update(momentum=f(0.5, 0.99), ns_dtype="float64", eps=10 ** f(-9, -5))
+        if not group:
+            o.update(nesterov=draw(st.booleans()), adjust_lr_fn=draw(st.sampled_from(["original", "match_rms_adamw"])),
+                     ns_steps=draw(st.integers(1, 6)))
+    if name in ("nadam", "radam", "adam") and not group and draw(st.booleans()):
+        o["decoupled_weight_decay"] = True
+    if name != "muon" and draw(st.integers(0, 4)) == 0:
+        o["maximize"] = True
+    return o
+
+
+@st.composite
+def random_spec(draw: Any, updates: int = 20) -> tuple[OptimizerSpec, dict, list]:
+    """(spec, params, grads): any optimizer, options, maybe a group, a gradient stream with holes."""
+    name = draw(st.sampled_from(OPTIMIZER_NAMES))
+    table: dict[str, Any] = {"name": name, **_options(draw, name)}
+    names = ["a.weight", "a.bias", "b.weight"]
+    shapes = {n: (draw(st.integers(1, 3)), draw(st.integers(1, 3))) if n.endswith("weight") else (draw(st.integers(1, 3)),)
+              for n in names}
+    if draw(st.booleans()):
+        group = _options(draw, name, group=True)
+        if table.get("momentum_schedule") is False:
+            group.pop("momentum_decay", None)  # no schedule, no decay rate (a spec error otherwise)
+        table["groups"] = [{"params": [draw(st.sampled_from(["a.*", "*.bias", "b.*"]))], **group}]
+    if name == "muon":
+        table["fallback"] = {"name": draw(st.sampled_from(["adamw", "adam", "sgd", "lion"])), "lr": 0.01}
+        table.pop("groups", None)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    params = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    grads = [{n: rng.standard_normal(s) * 10 ** rng.uniform(-3, 1) for n, s in shapes.items() if rng.random() > 0.15}
+             for _ in range(updates)]
+    return spec_of(table), params, grads
