@@ -157,8 +157,14 @@ def finally_teardown(created: bool) -> Any:
     """Destroy the process group this run created, whatever happens."""
     try:
         yield
-    finally:
+    except BaseException:
         teardown(created)
+        raise
+    # every rank leaves its last collective before the group goes: destroying it under a peer's
+    # pending gloo work can abort that process at exit
+    if created and dist.is_initialized():
+        dist.barrier()
+    teardown(created)
 
 
 def agree(ok: bool, world_size: int) -> bool:

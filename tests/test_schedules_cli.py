@@ -107,9 +107,11 @@ def test_plot_onecycle_draws_momentum(tmp_path: Path, monkeypatch: pytest.Monkey
     assert drawn == ["learning rate", "momentum"]
 
 
-def test_plot_metrics_is_not_available_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plot", "metrics", "run/metrics.jsonl"]) == 2
-    assert "twinstep plot metrics needs the trainer's metrics.jsonl" in capsys.readouterr().err
+def test_plot_metrics_of_a_missing_run_is_a_one_line_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", "metrics", str(tmp_path / "no-run"), "-o", str(tmp_path / "m.png")]) == 2
+    err = capsys.readouterr().err
+    assert "no-run" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.png").exists()
 
 
 def test_plot_registry_takes_kinds_from_cli_modules(monkeypatch: pytest.MonkeyPatch) -> None:

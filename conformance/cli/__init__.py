@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 
 from conformance.errors import TwinstepError
 
-COMMANDS: tuple[str, ...] = ("conform", "config", "train", "schedule", "plot", "compare", "port", "cases")
+COMMANDS: tuple[str, ...] = ("conform", "config", "train", "schedule", "plot", "compare", "port")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,10 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module_name = f"conformance.cli.{name}"
-        if importlib.util.find_spec(module_name) is None:
-            continue  # a command whose module has not landed yet
-        importlib.import_module(module_name).add_parser(sub)
+        importlib.import_module(f"conformance.cli.{name}").add_parser(sub)
     return parser
 
 
