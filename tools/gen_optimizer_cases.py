@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomli_w
 import torch
+
+from conformance import tomlio
 
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "optimizer"
 
@@ -207,7 +208,7 @@ def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], para
     if with_state:
         expected["state"] = [{n: {k: (int(v) if k == "step" else _arr(v)) for k, v in e.items()} for n, e in s.items()}
                              for s in out_s]
-    head = tomli_w.dumps({"id": case_id, "kind": "optimizer", "source": source, "optimizer": spec})
+    head = tomlio.dumps({"id": case_id, "kind": "optimizer", "source": source, "optimizer": spec})
     lines = [head.rstrip(), "", "[inputs]"]
     lines += [f"{_key(k)} = {_inline(v, 0 if k != 'grads' else 1)}" for k, v in inputs.items()]
     lines += ["", "[expected]"] + [f"{_key(k)} = {_inline(v, 1)}" for k, v in expected.items()]
