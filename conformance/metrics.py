@@ -88,11 +88,12 @@ class MetricsLog:
     """
 
     def __init__(self, out_dir: str | Path, total_updates: int, resume_from: int | None = None,
-                 progress: str = "auto", tensorboard: bool = False, log_every: int = 1,
+                 progress: str = "auto", tensorboard: bool = False, log_every: int | None = None,
                  stream: TextIO | None = None) -> None:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.total = total_updates
-        self.log_every = max(1, log_every)
+        # unset: about 20 progress lines per run; metrics.jsonl has every update either way
+        self.log_every = max(1, log_every if log_every is not None else total_updates // 20)
         self.stream = stream or sys.stderr
         if resume_from is not None and self.path.exists():
             self._truncate(resume_from)

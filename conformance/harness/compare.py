@@ -80,8 +80,9 @@ def _walk(got: Any, want: Any, where: str, atol: float, rtol: float, state: dict
     diff = np.where(np.isnan(diff), np.inf, diff)
     bound = atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0))
     scale = np.abs(w)
-    rel = np.where(diff == 0, 0.0, diff / np.where(scale > 0, scale, np.inf))
-    rel = np.where((diff > 0) & (scale == 0), np.inf, rel)
+    with np.errstate(invalid="ignore"):  # inf / inf (a wrong value against an inf) is set just below
+        rel = np.where(diff == 0, 0.0, diff / np.where(scale > 0, scale, np.inf))
+    rel = np.where(np.isnan(rel) | ((diff > 0) & (scale == 0)), np.inf, rel)
     state["abs"] = max(state["abs"], float(diff.max()))
     state["rel"] = max(state["rel"], float(rel.max()))
     bad = ~(diff <= bound)

@@ -12,7 +12,8 @@ from conformance.spec.base import NonNegInt, PosInt, Section, field_error
 class RunSpec(Section):
     """How long to train (`epochs`, or `max_updates`, which overrides it), where (`device`), with
     which seed, and how often to evaluate (`eval_every` updates, and after the last one; 0 = never)
-    and log (`log_every`: progress lines; metrics.jsonl has every update). `compile`: torch.compile
+    and log (`log_every`: progress lines every N updates, unset = about 20 per run; metrics.jsonl
+    has every update). `compile`: torch.compile
     the model (JAX always jits). `deterministic`: deterministic kernels (torch:
     use_deterministic_algorithms, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG), which exact resume
     needs on CUDA; the CPU kernels are deterministic without it. `parallel`: how several processes
@@ -28,7 +29,7 @@ class RunSpec(Section):
     max_updates: PosInt | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     eval_every: NonNegInt = 100
-    log_every: PosInt = 1
+    log_every: PosInt | None = None
     progress: Literal["auto", "bar", "lines", "none"] = "auto"
     tensorboard: bool = False
     compile: bool = False
