@@ -146,6 +146,17 @@ def apply(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, 
     return updates, OptimizerState(plan, state.hyperparams, leaves)
 
 
+def _check_rmsprop_buffers(state: OptimizerState, group: int, momentum: Any) -> None:
+    # torch.optim.RMSprop has no buffer for a parameter first updated without momentum, and fails
+    # if momentum is switched on later; the same ConfigError here (checked where values are concrete)
+    leaves = [state.leaves[n] for n, g in zip(state.plan.names, state.plan.group_index) if g == group]
+    if any(isinstance(x, jax.core.Tracer) for x in [momentum, *(v for s in leaves for v in (s.step, s.initialized))]):
+        return
+    if float(momentum) > 0 and any(int(s.step) > 0 and not bool(s.initialized) for s in leaves):
+        raise ConfigError(f"group {group}: rmsprop parameters updated without momentum keep no momentum "
+                          f"buffer (torch.optim.RMSprop); set momentum > 0 before the first update")
+
+
 def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]) -> OptimizerState:
     """A copy of `state` with group `group`'s dynamic hyper-parameters replaced (jittable)."""
     plan = state.plan
@@ -158,6 +169,8 @@ def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]
                               f"hyper-parameter {key!r}; settable: {', '.join(current)}")
         if plan.optimizers[group] == "adafactor" and key == "eps":
             value = value[1] if isinstance(value, (tuple, list)) else value
+        if key == "momentum" and plan.optimizers[group] == "rmsprop":
+            _check_rmsprop_buffers(state, group, value)
         current[key] = _array(value, current[key])
     hps = list(state.hyperparams)
     hps[group] = current

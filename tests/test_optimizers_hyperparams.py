@@ -126,3 +126,10 @@ def test_momentum_switched_on_after_update_0_as_onecycle_does() -> None:
     rms.step()
     with pytest.raises(ConfigError, match="keep no momentum buffer"):
         to.set_group_hyperparams(rms, 0, momentum=0.9)
+    with context():  # the JAX twin refuses the same switch with the same error
+        jtx = jo.build_optimizer(spec_of({"name": "rmsprop"}), {"w": jnp.zeros(3)})
+        js = jtx.init({"w": jnp.zeros(3)})
+        jo.set_group_hyperparams(js, 0, momentum=0.9)  # before the first update: allowed
+        _, js = jtx.update({"w": jnp.ones(3)}, js, {"w": jnp.zeros(3)})
+        with pytest.raises(ConfigError, match="keep no momentum buffer"):
+            jo.set_group_hyperparams(js, 0, momentum=0.9)
