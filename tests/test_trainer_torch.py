@@ -6,6 +6,7 @@ Run-level numerics against an independent loop are the `train` conformance cases
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from conformance import checkpoint as ck
 from conformance.data import DataPipeline
-from conformance.errors import CheckpointError, ConfigError, NonFiniteError
+from conformance.errors import CheckpointError, ConfigError, NonFiniteError, TwinstepError
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_case
 from conformance.harness.runner import run_case
@@ -152,9 +153,14 @@ def test_text_runs_log_tokens_per_second(tmp_path: Path) -> None:
 
 
 def test_tensorboard_event_files(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     run(cfg(LINEAR, "run.tensorboard=true", "run.epochs=1"), tmp_path / "run")
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_tensorboard_without_the_package_names_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard now raises ImportError
+    with pytest.raises(TwinstepError, match=r"run.tensorboard = true needs the tensorboard package"):
+        run(cfg(LINEAR, "run.tensorboard=true", "run.epochs=1"), tmp_path / "run")
 
 
 def test_resuming_a_finished_run_does_nothing(tmp_path: Path) -> None:
