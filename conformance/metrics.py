@@ -156,7 +156,8 @@ class MetricsLog:
         if self._mode in ("lines", "bar"):
             parts = " ".join(f"{k} {v:.6g}" for k, v in rec.items()
                              if k not in ("event", "update") and isinstance(v, (int, float)))
-            line = f"eval @ update {rec['update']}: {parts}\n"
+            # counted as the progress lines count (updates done); metrics.jsonl keeps the index
+            line = f"eval after update {int(rec['update']) + 1}/{self.total}: {parts}\n"
             if self._bar is not None:
                 self._bar.write(line.rstrip(), file=self.stream)
             else:

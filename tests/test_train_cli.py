@@ -63,7 +63,7 @@ def test_default_config_every_line_has_the_contract_keys(tmp_path: Path, capsys:
     out = tmp_path / "default"
     assert main(["train", "--out", str(out), "--progress", "lines"]) == 0
     err = capsys.readouterr().err
-    assert "update 320/320" in err and "eval @ update 319" in err and "trained 320 updates" in err
+    assert "update 320/320" in err and "eval after update 320/320" in err and "trained 320 updates" in err
     records = read_metrics(out / "metrics.jsonl")
     ups, evs = updates(records), evals(records)
     assert [r["update"] for r in ups] == list(range(320))
