@@ -19,6 +19,14 @@ from torch.optim.optimizer import Optimizer, _get_scalar_dtype
 Tensors = list[torch.Tensor]
 
 
+def closure_loss(closure: Any) -> Any:
+    """torch.optim's closure protocol: re-evaluate the model with gradients on; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class _Foreach(Optimizer):
     """Collects the parameters with a gradient, creates their state lazily and calls `_update`."""
 
@@ -33,10 +41,7 @@ class _Foreach(Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Perform a single optimization step (closure: re-evaluates the model, returns the loss)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:

@@ -15,6 +15,8 @@ import torch
 from torch.optim import Muon, Optimizer
 from torch.optim._muon import _adjust_lr
 
+from ref_torch._functional import closure_loss
+
 
 def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
@@ -43,10 +45,7 @@ class FloatMuon(Muon):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Perform a single optimization step (closure: re-evaluates the model, returns the loss)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             params: list[torch.Tensor] = []
             grads: list[torch.Tensor] = []
@@ -89,10 +88,7 @@ class MuonWithFallback(Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Perform a single optimization step (closure: re-evaluates the model, returns the loss)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._muon.step()
         self._fallback.step()
         return loss

@@ -16,7 +16,6 @@ every 4 updates with retention. It crosses epoch boundaries.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -27,62 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from conformance import checkpoint as ck
-from conformance.metrics import read_metrics
 from conformance.spec import load_config
+from resume_support import differences, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 48
-VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
-WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", "step", "kill"]
-
-
-def write_config(tmp: Path) -> Path:
-    corpus = tmp / "corpus.txt"
-    corpus.write_text(" ".join(np.random.default_rng(0).choice(WORDS, 420)))
-    path = tmp / "run.toml"
-    path.write_text(f'''
-[model]
-name = "gpt"
-n_layer = 1
-n_head = 2
-n_embd = 32
-block_size = 16
-dropout = 0.1
-[data]
-name = "text"
-path = "{corpus}"
-batch_size = 4
-[optimizer]
-name = "adamw"
-lr = 3e-3
-[schedule]
-name = "warmup_cosine"
-warmup_steps = 5
-total_steps = {UPDATES}
-eta_min = 1e-4
-[clip]
-max_norm = 0.5
-[accumulation]
-steps = 2
-normalize = "tokens"
-[precision]
-loss_scale = "dynamic"
-init_scale = 1024.0
-growth_interval = 3
-[checkpoint]
-every = 4
-keep_last = 2
-[run]
-max_updates = {UPDATES}
-eval_every = 10
-inject_nonfinite = [3, 4, 17, 30]
-device = "cpu"
-''')
-    return path
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -106,34 +57,10 @@ def finish(config: Path, out: Path, attempts: int = 4) -> None:
         pytest.fail(f"resume failed with exit {proc.returncode}: {err.decode()[-2000:]}")
 
 
-def differences(ref: Path, got: Path) -> list[str]:
-    """Everything in which run `got` differs from run `ref` (empty: bit-identical)."""
-    out: list[str] = []
-    a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(UPDATES)).state
-    try:
-        b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(UPDATES)).state
-    except ck.CheckpointError as exc:
-        return [f"final checkpoint: {exc}"]
-    for what, x, y in (("model", a.model, b.model),
-                       *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
-        for k in x:
-            if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
-                out.append(f"{what} {k} differs")
-    ra, rb = read_metrics(ref / "metrics.jsonl"), read_metrics(got / "metrics.jsonl")
-    strip = [[{k: v for k, v in r.items() if k not in VOLATILE} for r in rs] for rs in (ra, rb)]
-    if len(strip[0]) != len(strip[1]):
-        out.append(f"metrics: {len(strip[1])} lines, reference {len(strip[0])}")
-    for i, (x, y) in enumerate(zip(*strip)):
-        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
-            out.append(f"metrics line {i}: {y} != {x}")
-            break
-    return out
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float]:
     tmp = tmp_path_factory.mktemp("resume")
-    config = write_config(tmp)
+    config = write_config(tmp, UPDATES)
     out = tmp / "reference"
     proc = start(config, out, resume=False)
     began = _wait_for_training(proc, out)
@@ -165,7 +92,7 @@ def kill_trial(reference: tuple[Path, Path, float], out: Path, seed: int) -> lis
         proc.communicate(timeout=300)
         resume = True
     finish(config, out)
-    return differences(ref, out)
+    return differences(ref, out, UPDATES)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -193,7 +120,7 @@ def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point
     proc.communicate(timeout=300)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(config, out)
-    return differences(ref, out)
+    return differences(ref, out, UPDATES)
 
 
 @pytest.mark.parametrize(("name", "point"), FAULTS)
@@ -254,7 +181,7 @@ def _resume(full_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.Mon
     elif forget == "data":
         monkeypatch.setattr(tr, "_data_window", lambda run, t: run.data.window(t - run.start))
     tr.train(load_config(config, ["checkpoint.keep_last=100"]), out, resume=True, progress="none")
-    return differences(full, out)
+    return differences(full, out, UPDATES)
 
 
 def test_in_process_resume_is_bit_exact(full_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,6 @@ dynamic loss scaling with injected overflows, a checkpoint every 4 updates with 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import random
 import shutil
@@ -31,62 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from conformance import checkpoint as ck
-from conformance.metrics import read_metrics
 from conformance.spec import load_config
+from resume_support import differences, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 40
-VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
-WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", "step", "kill"]
-
-
-def write_config(tmp: Path) -> Path:
-    corpus = tmp / "corpus.txt"
-    corpus.write_text(" ".join(np.random.default_rng(0).choice(WORDS, 420)))
-    path = tmp / "run.toml"
-    path.write_text(f'''
-[model]
-name = "gpt"
-n_layer = 1
-n_head = 2
-n_embd = 32
-block_size = 16
-dropout = 0.1
-[data]
-name = "text"
-path = "{corpus}"
-batch_size = 4
-[optimizer]
-name = "adamw"
-lr = 3e-3
-[schedule]
-name = "warmup_cosine"
-warmup_steps = 5
-total_steps = {UPDATES}
-eta_min = 1e-4
-[clip]
-max_norm = 0.5
-[accumulation]
-steps = 2
-normalize = "tokens"
-[precision]
-loss_scale = "dynamic"
-init_scale = 1024.0
-growth_interval = 3
-[checkpoint]
-every = 4
-keep_last = 2
-[run]
-max_updates = {UPDATES}
-eval_every = 10
-inject_nonfinite = [3, 4, 17, 30]
-device = "cpu"
-''')
-    return path
 
 
 def env(cache: Path, **extra: str) -> dict[str, str]:
@@ -110,33 +61,6 @@ def finish(config: Path, out: Path) -> None:
         pytest.fail(f"resume failed with exit {proc.returncode}: {err.decode()[-2000:]}")
 
 
-def differences(ref: Path, got: Path) -> list[str]:
-    """Everything in which run `got` differs from run `ref` (empty: bit-identical)."""
-    out: list[str] = []
-    a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(UPDATES)).state
-    try:
-        b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(UPDATES)).state
-    except ck.CheckpointError as exc:
-        return [f"final checkpoint: {exc}"]
-    for what, x, y in (("model", a.model, b.model),
-                       *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
-        for k in x:
-            if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
-                out.append(f"{what} {k} differs")
-    if a.meta["loss_scale"] != b.meta["loss_scale"] or a.meta["counters"] != b.meta["counters"]:
-        out.append(f"state.json: {b.meta['loss_scale']} {b.meta['counters']} != "
-                   f"{a.meta['loss_scale']} {a.meta['counters']}")
-    ra, rb = read_metrics(ref / "metrics.jsonl"), read_metrics(got / "metrics.jsonl")
-    strip = [[{k: v for k, v in r.items() if k not in VOLATILE} for r in rs] for rs in (ra, rb)]
-    if len(strip[0]) != len(strip[1]):
-        out.append(f"metrics: {len(strip[1])} lines, reference {len(strip[0])}")
-    for i, (x, y) in enumerate(zip(*strip)):
-        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
-            out.append(f"metrics line {i}: {y} != {x}")
-            break
-    return out
-
-
 def _wait_for_training(proc: subprocess.Popen, out: Path) -> float:
     metrics = out / "metrics.jsonl"
     while proc.poll() is None:
@@ -149,7 +73,7 @@ def _wait_for_training(proc: subprocess.Popen, out: Path) -> float:
 @pytest.fixture(scope="module")
 def reference(xla_cache: Path) -> tuple[Path, Path, float]:
     tmp = xla_cache.parent  # the subprocesses share the in-process runs' compilation cache
-    config = write_config(tmp)
+    config = write_config(tmp, UPDATES)
     out = tmp / "reference"
     proc = start(config, out, resume=False)
     began = _wait_for_training(proc, out)
@@ -173,7 +97,7 @@ def kill_trial(reference: tuple[Path, Path, float], out: Path, seed: int) -> lis
         proc.communicate(timeout=600)
         resume = True
     finish(config, out)
-    return differences(ref, out)
+    return differences(ref, out, UPDATES)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -200,7 +124,7 @@ def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point
     proc.communicate(timeout=600)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(config, out)
-    return differences(ref, out)
+    return differences(ref, out, UPDATES)
 
 
 @pytest.mark.parametrize(("name", "point"), FAULTS)
@@ -228,7 +152,7 @@ def full_run(reference, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     config = reference[0]
     out = tmp_path_factory.mktemp("full-jax") / "run"
     train(load_config(config, ["checkpoint.keep_last=100"]), out, progress="none")
-    assert differences(reference[1], out) == []  # in-process and subprocess runs are the same bits
+    assert differences(reference[1], out, UPDATES) == []  # in-process and subprocess runs are the same bits
     return config, out
 
 
@@ -269,7 +193,7 @@ def _resume(full_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.Mon
         real = jt._prepare
         monkeypatch.setattr(jt, "_prepare", lambda run, parts, place, t: real(run, parts, place, t - run.start))
     jt.train(load_config(config, ["checkpoint.keep_last=100"]), out, resume=True, progress="none")
-    return differences(full, out)
+    return differences(full, out, UPDATES)
 
 
 def test_in_process_resume_is_bit_exact(full_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

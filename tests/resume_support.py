@@ -1,0 +1,90 @@
+"""What the torch and JAX exact-resume tests share (tests/test_resume_kill.py,
+tests/test_resume_kill_jax.py): the run's config and the bit-for-bit comparison of two runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from conformance import checkpoint as ck
+from conformance.metrics import read_metrics
+
+VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
+WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", "step", "kill"]
+
+
+def write_config(tmp: Path, updates: int) -> Path:
+    """The run both resume tests use: a tiny gpt with dropout, AdamW, warm-up + cosine, clipping,
+    token-normalized accumulation of 2, dynamic loss scaling with injected overflows, a checkpoint
+    every 4 updates with retention."""
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(" ".join(np.random.default_rng(0).choice(WORDS, 420)))
+    path = tmp / "run.toml"
+    path.write_text(f'''
+[model]
+name = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 32
+block_size = 16
+dropout = 0.1
+[data]
+name = "text"
+path = "{corpus}"
+batch_size = 4
+[optimizer]
+name = "adamw"
+lr = 3e-3
+[schedule]
+name = "warmup_cosine"
+warmup_steps = 5
+total_steps = {updates}
+eta_min = 1e-4
+[clip]
+max_norm = 0.5
+[accumulation]
+steps = 2
+normalize = "tokens"
+[precision]
+loss_scale = "dynamic"
+init_scale = 1024.0
+growth_interval = 3
+[checkpoint]
+every = 4
+keep_last = 2
+[run]
+max_updates = {updates}
+eval_every = 10
+inject_nonfinite = [3, 4, 17, 30]
+device = "cpu"
+''')
+    return path
+
+
+def differences(ref: Path, got: Path, updates: int) -> list[str]:
+    """Everything in which run `got` differs from run `ref` (empty: bit-identical)."""
+    out: list[str] = []
+    a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(updates)).state
+    try:
+        b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(updates)).state
+    except ck.CheckpointError as exc:
+        return [f"final checkpoint: {exc}"]
+    for what, x, y in (("model", a.model, b.model),
+                       *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
+        for k in x:
+            if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
+                out.append(f"{what} {k} differs")
+    if a.meta["loss_scale"] != b.meta["loss_scale"] or a.meta["counters"] != b.meta["counters"]:
+        out.append(f"state.json: {b.meta['loss_scale']} {b.meta['counters']} != "
+                   f"{a.meta['loss_scale']} {a.meta['counters']}")
+    ra, rb = read_metrics(ref / "metrics.jsonl"), read_metrics(got / "metrics.jsonl")
+    strip = [[{k: v for k, v in r.items() if k not in VOLATILE} for r in rs] for rs in (ra, rb)]
+    if len(strip[0]) != len(strip[1]):
+        out.append(f"metrics: {len(strip[1])} lines, reference {len(strip[0])}")
+    for i, (x, y) in enumerate(zip(*strip)):
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            out.append(f"metrics line {i}: {y} != {x}")
+            break
+    return out
