@@ -8,8 +8,11 @@ evaluation sums, and the RNG states rank 0 puts into each checkpoint).
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import json
 import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -45,13 +48,57 @@ def setup(rank: int, world_size: int, device: torch.device) -> bool:
         raise ConfigError(f"world_size = {world_size} needs a launcher: {missing[0]} is not set "
                           f"(start with torchrun --nproc_per_node {world_size} -m conformance train ...)")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    _import_parallel_modules()
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=10),
                             device_id=device if device.type == "cuda" else None)
     return True
 
 
+def _import_parallel_modules() -> None:
+    """Import DDP's and FSDP's modules before the process group exists.
+
+    torch.distributed.nn.functional (pulled in by DDP) and fsdp.sharded_grad_scaler bind
+    `group.WORLD` as default arguments when first imported; imported after init_process_group they
+    hold the group forever, so destroy_process_group cannot free it, its gloo threads outlive the
+    run and the process can abort at exit ("terminate called without an active exception").
+    """
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
+    import torch.distributed.nn.functional  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
+    import torch.nn.parallel.distributed  # noqa: F401
+
+
+def _release_dtensor_caches() -> None:
+    """Empty DTensor's caches (FSDP2 fills them): sharding propagation, redistribution plans and
+    mesh topology are memoized on keys that hold the DeviceMesh, whose registry holds the process
+    group, so without this the group outlives destroy_process_group."""
+    tensor_modules = [m for name, m in list(sys.modules.items())
+                      if name.startswith("torch.distributed.tensor") and m is not None]
+    if not tensor_modules:
+        return
+    from torch.distributed.tensor import debug
+
+    debug._clear_sharding_prop_cache()  # the Python cache and the C++ fast path's
+    for module in tensor_modules:
+        for obj in list(vars(module).values()):
+            for fn in [obj, *(vars(obj).values() if isinstance(obj, type) else ())]:
+                fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
+                if isinstance(fn, functools._lru_cache_wrapper):
+                    fn.cache_clear()
+    planners = getattr(sys.modules.get("torch.distributed.tensor._redistribute"), "clear_redistribute_planner_cache",
+                       None)
+    if planners is not None:
+        planners()
+
+
 def teardown(created: bool) -> None:
+    """Destroy the process group this run created, leaving nothing that keeps it (and its gloo or
+    NCCL threads) alive: a group that outlives the run is torn down during interpreter exit, where
+    it can abort a finished run."""
     if created and dist.is_initialized():
+        _release_dtensor_caches()
+        gc.collect()  # FSDP2's modules and meshes sit in reference cycles
         dist.destroy_process_group()
 
 

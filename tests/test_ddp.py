@@ -162,3 +162,48 @@ device = "cpu"
     assert clean[0] == clean[1]
     rng = ck.load_checkpoint(cut / "checkpoints" / ck.step_name(12)).state.rng
     assert not np.array_equal(rng["rank0/torch_cpu"], rng["rank1/torch_cpu"])  # each rank its own stream
+
+
+LEAK_PROBE = """
+import os, sys
+from ref_torch import _distributed
+if os.environ.get("PROBE_DISABLE_RELEASE"):  # the negative control: the group's holders are left in place
+    _distributed._import_parallel_modules = lambda: None
+    _distributed._release_dtensor_caches = lambda: None
+    _distributed.gc = type("nogc", (), {"collect": staticmethod(lambda: 0)})
+from ref_torch.trainer import train
+from conformance.spec import load_config
+train(load_config(sys.argv[1], sys.argv[3:]), sys.argv[2], progress="none")
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+with open(f"{sys.argv[2]}-threads-{os.environ['RANK']}.txt", "w") as f:  # ranks share stdout
+    f.write(",".join(sorted(names)))
+"""
+
+
+def leftover_threads(tmp_path: Path, parallel: str, disable: bool) -> list[str]:
+    config = tmp_path / "run.toml"
+    config.write_text(MLP.format(normalize="micro_batches").replace("epochs = 2", "max_updates = 2"))
+    script = tmp_path / "probe.py"
+    script.write_text(LEAK_PROBE)
+    e = env()
+    if disable:
+        e["PROBE_DISABLE_RELEASE"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           str(config), str(tmp_path / "out"), f'run.parallel="{parallel}"']
+    proc = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [(tmp_path / f"out-threads-{rank}.txt").read_text() for rank in (0, 1)]
+    return [name for ln in lines for name in ln.split(",") if "gloo" in name]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through /proc (Linux)")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_finished_run_leaves_no_process_group_threads(tmp_path: Path, parallel: str) -> None:
+    # a group that outlives train() is torn down during interpreter exit, where its gloo threads can
+    # abort a finished run (SIGABRT, "terminate called without an active exception")
+    assert leftover_threads(tmp_path, parallel, disable=False) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through /proc (Linux)")
+def test_negative_control_the_thread_check_sees_a_group_kept_alive(tmp_path: Path) -> None:
+    assert "pt_gloo_runloop" in leftover_threads(tmp_path, "fsdp", disable=True)
