@@ -6,7 +6,7 @@ step against a bare optax loop. Called by bench/gpu_check.sh; safe to run anywhe
 1. Trainer: `ref_jax.trainer.train` on the config (bfloat16 through the dtype Policy, TF32
    matmuls, AdamW, token-normalized accumulation of 4 × 8 × 1024 tokens), `--updates` updates, no
    checkpoint and no evaluation; prints the median tokens/s and MFU (metrics.jsonl, against the
-   device's dense bf16 peak from conformance.training.PEAK_FLOPS) over the updates after `--skip`
+   device's dense bf16 peak from conformance.run.PEAK_FLOPS) over the updates after `--skip`
    (the first include compilation).
 2. Step: twinstep's jitted update against a bare optax loop on the same model and window
    (bench/jax_step.py's pair), wall clock, medians of `--repeats`.
@@ -46,7 +46,7 @@ def gpu_devices() -> tuple[list[Any], str]:
 
 
 def trainer_throughput(config: Any, skip: int) -> dict[str, float]:
-    from conformance.metrics import read_metrics, updates
+    from conformance.run.metrics import read_metrics, updates
     from ref_jax.trainer import train
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +96,7 @@ def main() -> int:
         return 0
     import jax
 
-    from conformance.spec import load_config
+    from conformance.config import load_config
 
     print(f"gpu_jax: jax {jax.__version__}, devices {[d.device_kind for d in gpus]}", flush=True)
     overrides = [f"run.max_updates={args.updates}", "run.eval_every=0", "checkpoint.every=0", "checkpoint.at_end=false",

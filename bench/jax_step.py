@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from conformance.spec import load_config  # noqa: E402
+from conformance.config import load_config  # noqa: E402
 
 COMMON = {"optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 1e-2}, "clip": {"max_norm": 1.0},
           "accumulation": {"steps": 2}, "checkpoint": {"at_end": False}}
@@ -73,8 +73,9 @@ def step_pair(config: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
     import jax.numpy as jnp
     import optax
 
-    from conformance import training as tr
     from conformance.data import DataPipeline
+    from conformance.run.batches import window_counts
+    from conformance.run.counters import Counters
     from ref_jax import _train_state as ts
     from ref_jax._sharding import placement
     from ref_jax._train_step import make_train_step
@@ -82,10 +83,10 @@ def step_pair(config: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
     data = DataPipeline(config)
     place = placement(config.run.device)
     parts = ts.build(config, data.info, place, data.updates_per_epoch, data.planned_updates)
-    run = types.SimpleNamespace(config=config, counters=tr.Counters(), checkpoint=None)
+    run = types.SimpleNamespace(config=config, counters=Counters(), checkpoint=None)
     state, key = ts.initial_state(parts, run, place)
     window = data.window(0)
-    arrays = place.put_batch(parts.layout.pad(window, tr.window_counts(config, window)), axis=1)
+    arrays = place.put_batch(parts.layout.pad(window, window_counts(config, window)), axis=1)
     tables = place.put_replicated(parts.tables)
     step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place)
     ours = {"state": state}
@@ -144,7 +145,7 @@ def bench_steps(name: str, args: argparse.Namespace) -> tuple[float, float]:
 
 
 def trainer_step_time(backend: str, config: Any) -> float:
-    from conformance.metrics import read_metrics, updates
+    from conformance.run.metrics import read_metrics, updates
 
     if backend == "torch":
         from ref_torch.trainer import train

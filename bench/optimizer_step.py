@@ -47,7 +47,7 @@ def _time(fn: Callable[[], Any], steps: int, sync: Callable[[], Any]) -> float:
 def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float, float, float] | None:
     import torch
 
-    from conformance.spec import load_config
+    from conformance.config import load_config
     from ref_torch.optimizers import build_optimizer
 
     bare_classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
@@ -87,7 +87,7 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
     import jax
     import optax
 
-    from conformance.spec import load_config
+    from conformance.config import load_config
     from ref_jax.optimizers import build_optimizer
 
     spec = load_config({"optimizer": SPECS[name]}).optimizer

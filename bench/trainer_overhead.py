@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conformance.config import load_config  # noqa: E402
 from conformance.data import DataPipeline  # noqa: E402
-from conformance.spec import load_config  # noqa: E402
 from ref_torch import trainer  # noqa: E402
 from ref_torch.models import build_model  # noqa: E402
 
@@ -53,7 +53,7 @@ def make_config(name: str, updates: int, device: str = "cpu", dtype: str = "floa
 
 
 def run_trainer(config: Any, log: bool = True) -> float:
-    from conformance import metrics
+    from conformance.run import metrics
 
     real = metrics.MetricsLog.log_update
     if not log:

@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
 from conformance.errors import ConfigError, InputError
-from conformance.spec.model import ModelSpec
-from conformance.validate import check_finite
+from conformance.rules.inputs import check_finite
 
 
 class ModelDims(NamedTuple):

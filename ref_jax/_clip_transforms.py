@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from conformance.spec.clip import ClipSpec
+from conformance.config.clip import ClipSpec
 
 
 def leaf_norm(x: Any, p: float) -> Any:

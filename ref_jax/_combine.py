@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from conformance.config.optimizer import DYNAMIC, OptimizerSpec
 from conformance.errors import ConfigError
-from conformance.params import ParamGroup, resolve_groups
-from conformance.spec.optimizer import DYNAMIC, OptimizerSpec
+from conformance.rules.groups import ParamGroup, resolve_groups
 from ref_jax import _leaf
 
 

@@ -7,7 +7,7 @@ where `hp` holds the dynamic hyper-parameters (arrays, settable every update: lr
 addcdiv; scalar coefficients such as bias corrections computed in the hyper-parameter dtype, i.e.
 float64 under x64, as torch computes them in Python floats), so float64 results agree with
 torch.optim to a few ulps. States are NamedTuples whose field names are the neutral names of
-CONTRACT.md §4 (conformance.params.state_shapes); fields that are None do not exist for that
+docs/contract.md §4 (conformance.rules.state.state_shapes); fields that are None do not exist for that
 parameter. Half-precision parameters are updated in float32 and rounded once per update.
 
 Why not optax's scale_by_* directly: they keep one count per transform (torch keeps one per
@@ -24,7 +24,12 @@ import jax
 import jax.numpy as jnp
 
 from ref_jax._matrix import adafactor_init, adafactor_update, muon_init, muon_update
-from ref_jax._ops import c as _c, cast as _cast, decay as _decay, f as _f, lerp as _lerp, prepare as _prepare
+from ref_jax._ops import c as _c
+from ref_jax._ops import cast as _cast
+from ref_jax._ops import decay as _decay
+from ref_jax._ops import f as _f
+from ref_jax._ops import lerp as _lerp
+from ref_jax._ops import prepare as _prepare
 from ref_jax._ops import zeros as _zeros
 
 

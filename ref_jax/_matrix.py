@@ -10,7 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from ref_jax._muon import orthogonalize
-from ref_jax._ops import c as _c, f as _f, lerp as _lerp, prepare as _prepare, zeros as _zeros
+from ref_jax._ops import c as _c
+from ref_jax._ops import f as _f
+from ref_jax._ops import lerp as _lerp
+from ref_jax._ops import prepare as _prepare
+from ref_jax._ops import zeros as _zeros
 
 
 class AdafactorState(NamedTuple):

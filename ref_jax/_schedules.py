@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from conformance.config.schedule import ScheduleSpec
 from conformance.errors import InputError
-from conformance.spec.schedule import ScheduleSpec, start_lrs
+from conformance.rules.schedules import onecycle_phases, start_lrs
 
 Schedule = Callable[[Any], Any]
 
@@ -94,22 +95,6 @@ def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> S
     return optax.join_schedules(parts, bounds[:-1])
 
 
-def _onecycle_phases(spec: ScheduleSpec, peak: float, momentum: bool = False) -> list[tuple[float, float, float]]:
-    """torch's OneCycleLR phases as (end_step, start_value, end_value), for the lr or the momentum."""
-    total, pct = spec.total_steps, spec.pct_start
-    initial = peak / spec.div_factor
-    low = initial / spec.final_div_factor
-    hi_m, lo_m = spec.max_momentum, spec.base_momentum
-    first, second = float(pct * total) - 1, float(2 * pct * total) - 2
-    if spec.three_phase:
-        if momentum:
-            return [(first, hi_m, lo_m), (second, lo_m, hi_m), (total - 1, hi_m, hi_m)]
-        return [(first, initial, peak), (second, peak, initial), (total - 1, initial, low)]
-    if momentum:
-        return [(first, hi_m, lo_m), (total - 1, lo_m, hi_m)]
-    return [(first, initial, peak), (total - 1, peak, low)]
-
-
 def _warmup(spec: ScheduleSpec, b: float) -> Schedule:
     return optax.linear_schedule(b * spec.start_factor, b, spec.warmup_steps)
 
@@ -145,7 +130,7 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
     if name == "polynomial":
         return optax.polynomial_schedule(b, 0.0, spec.power, spec.total_iters)
     if name == "onecycle":
-        return _onecycle(spec, _onecycle_phases(spec, b))
+        return _onecycle(spec, onecycle_phases(spec, b))
     if name == "cosine_restarts":
         return _restarts(spec, b)
     if name == "warmup_cosine":
@@ -178,6 +163,6 @@ def build_schedules(spec: ScheduleSpec, base_lrs: Sequence[float], updates_per_e
     lr = tuple(_counted(lr_schedule(spec, b), updates_per_epoch) for b in start_lrs(spec, list(base_lrs)))
     momentum = None
     if spec.name == "onecycle" and spec.cycle_momentum:
-        cycle = _counted(_onecycle(spec, _onecycle_phases(spec, 1.0, momentum=True)), updates_per_epoch)
+        cycle = _counted(_onecycle(spec, onecycle_phases(spec, 1.0, momentum=True)), updates_per_epoch)
         momentum = tuple(cycle for _ in lr)
     return GroupSchedules(lr, momentum)

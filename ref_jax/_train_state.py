@@ -1,10 +1,10 @@
 """The JAX trainer's state: built from a config, restored from and saved to neutral checkpoints.
 
 A checkpoint written here is the one conformance.checkpoint defines for both trainers: parameters
-by neutral name in their own dtype, the optimizer state under CONTRACT.md §4's names
+by neutral name in their own dtype, the optimizer state under docs/contract.md §4's names
 (ref_jax.optimizers.export_state), the loss scale as scale_state_to_dict, counters and data
 position in the meta, and the JAX root key with the host generators under "rank0/"
-(conformance.training.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
+(conformance.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
 trainer resumes here and back: what one framework does not know (torch's generator states, a
 JAX key) the other ignores; the dropout key is a pure function of run.seed and the update.
 """
@@ -18,11 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from conformance import training as tr
 from conformance.checkpoint import check_tensors
+from conformance.checkpoint.rng import pack_rank_rng, unpack_rank_rng
+from conformance.config import Config
 from conformance.data import DataInfo
 from conformance.errors import CheckpointError
-from conformance.spec import Config
+from conformance.run import records
+from conformance.run.session import Run
 from ref_jax import backend
 from ref_jax._sharding import Placement
 from ref_jax._train_step import TrainState
@@ -31,8 +33,15 @@ from ref_jax._window import WindowLayout, rows_for
 from ref_jax.checkpoint import capture_rng, restore_rng
 from ref_jax.models import _set_autocast, build_model, functional, named_parameters
 from ref_jax.optimizers import build_optimizer, export_state, import_state
-from ref_jax.precision import (Policy, SkipState, get_policy, init_scale_state, init_skip_state,
-                               scale_state_from_dict, scale_state_to_dict)
+from ref_jax.precision import (
+    Policy,
+    SkipState,
+    get_policy,
+    init_scale_state,
+    init_skip_state,
+    scale_state_from_dict,
+    scale_state_to_dict,
+)
 from ref_jax.schedules import schedule_values
 
 
@@ -90,7 +99,7 @@ def _expected(params: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
 PIECES: tuple[str, ...] = ("model", "optimizer", "loss_scale", "schedule", "rng")
 
 
-def initial_state(parts: Parts, run: tr.Run, place: Placement,
+def initial_state(parts: Parts, run: Run, place: Placement,
                   skip: frozenset[str] = frozenset()) -> tuple[TrainState, Any]:
     """(TrainState, root key): fresh, or the checkpoint `run` resumes from (either trainer's).
     `skip` names PIECES to leave out (negative controls only)."""
@@ -117,7 +126,7 @@ def initial_state(parts: Parts, run: tr.Run, place: Placement,
             scale = scale_state_from_dict(meta["loss_scale"])
         c = run.counters
         skips = SkipState(jnp.asarray(c.skipped_total, jnp.int32), jnp.asarray(c.consecutive_skips, jnp.int32))
-        mine = tr.unpack_rank_rng(saved.rng or {}, meta.get("rng") or {}, 0)
+        mine = unpack_rank_rng(saved.rng or {}, meta.get("rng") or {}, 0)
         restored = restore_rng(*mine) if mine is not None and "rng" not in skip else None
         if restored is not None:
             key = restored  # a torch checkpoint holds no JAX key: the seed's key is the same one
@@ -138,12 +147,12 @@ def versions(place: Placement) -> dict[str, Any]:
     return {**out, "jax_devices": ",".join(str(x) for x in place.devices)}
 
 
-def save(run: tr.Run, place: Placement, state: TrainState, key: Any, updates_done: int,
+def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: int,
          val_loss: float | None) -> Path | None:
     """Write the checkpoint after `updates_done` updates (see the module docstring)."""
     config = run.config
     exported = export_state(state.update.opt_state)
     scale = scale_state_to_dict(state.update.scale) if config.precision.dynamic_scaling else None
-    rng, rng_meta = tr.pack_rank_rng([capture_rng(key)])
-    meta = tr.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta)
-    return tr.save(run, updates_done, params_numpy(state), exported["state"], rng, meta, versions(place), val_loss)
+    rng, rng_meta = pack_rank_rng([capture_rng(key)])
+    meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta)
+    return records.save(run, updates_done, params_numpy(state), exported["state"], rng, meta, versions(place), val_loss)

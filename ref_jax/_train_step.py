@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from conformance.spec import Config
-from conformance.spec.schedule import cycled_hyperparameter
+from conformance.config import Config
+from conformance.rules.schedules import cycled_hyperparameter
 from ref_jax._sharding import Placement
 from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
 from ref_jax._window import WindowLayout, masked_loss, window_grads
@@ -116,7 +116,7 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
         def injected(p: Any, mb: Any) -> LossOutput:
             out = loss_fn(p, mb)
             # [run] inject_nonfinite: every micro-batch loss of the update × +inf before the backward
-            # pass (conformance.training.injected), so loss and gradients are non-finite as in an overflow
+            # pass (conformance.run.injected), so loss and gradients are non-finite as in an overflow
             factor = jnp.where(window["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
             return LossOutput(out.value * factor, out.sum * factor, out.count)
 

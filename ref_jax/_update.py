@@ -24,15 +24,24 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.clip import ClipSpec
-from conformance.spec.precision import PrecisionSpec
-from ref_jax.accumulation import accumulate_gradients
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.clip import ClipSpec
+from conformance.config.precision import PrecisionSpec
 from ref_jax._clip_transforms import clip_transform, scale_by_norm
+from ref_jax.accumulation import accumulate_gradients
 from ref_jax.clipping import check_norm, total_norm
 from ref_jax.optimizers import set_group_hyperparams
-from ref_jax.precision import (LossScaleState, SkipState, check_nonfinite, finite_flags, grads_finite,
-                               record_update, scale_loss, unscale_grads, update_scale)
+from ref_jax.precision import (
+    LossScaleState,
+    SkipState,
+    check_nonfinite,
+    finite_flags,
+    grads_finite,
+    record_update,
+    scale_loss,
+    unscale_grads,
+    update_scale,
+)
 
 
 class UpdateSpecs(NamedTuple):

@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.data import Window
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
 from ref_jax.accumulation import WindowOutput
 from ref_jax.losses import LossOutput
 
@@ -43,7 +43,7 @@ class WindowLayout(NamedTuple):
 
     def pad(self, window: Window, counts: list[float], inject: bool = False) -> dict[str, np.ndarray]:
         """The window's arrays at the fixed shape (see the module docstring). `counts`: each
-        micro-batch's valid-element count (conformance.training.window_counts), known before the
+        micro-batch's valid-element count (conformance.run.window_counts), known before the
         forward pass; `inject`: [run] inject_nonfinite lists this update."""
         first = window.batches[0]
         x = np.zeros((self.steps, self.rows) + first.x.shape[1:], self.x_dtype)

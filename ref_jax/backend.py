@@ -48,8 +48,8 @@ def context() -> Iterator[None]:
 
 def describe() -> dict[str, Any]:
     """Versions and numerics settings, recorded in reports and checkpoints."""
-    import optax
     import flax
+    import optax
 
     return {
         "backend": NAME,

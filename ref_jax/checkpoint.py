@@ -19,8 +19,8 @@ import numpy as np
 from flax import nnx
 
 from conformance.checkpoint import check_tensors
-from conformance.checkpoint_io import load_tensors, save_tensors
-from conformance.checkpoint_rng import capture_host_rng, restore_host_rng
+from conformance.checkpoint.files import load_tensors, save_tensors
+from conformance.checkpoint.rng import capture_host_rng, restore_host_rng
 from conformance.errors import CheckpointError
 from ref_jax.models import _paths, named_parameters
 

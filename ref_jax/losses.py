@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from conformance.spec.loss import LossSpec
-from conformance.validate import check_loss_inputs, is_index_target
+from conformance.config.loss import LossSpec
+from conformance.rules.inputs import check_loss_inputs, is_index_target
 from ref_jax.backend import framework_dtype, to_numpy
 
 

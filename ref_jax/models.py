@@ -16,10 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
 from conformance.errors import UnsupportedError
-from conformance.models import check_model_input, dims_from_params, init_params, model_dims, param_shapes
-from conformance.spec.model import ModelSpec
+from conformance.models import (
+    check_model_input,
+    dims_from_params,
+    init_params,
+    model_dims,
+    param_shapes,
+)
 from ref_jax.backend import framework_dtype
 
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default

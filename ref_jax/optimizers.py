@@ -3,12 +3,12 @@
 Trainers build the optimizer from the spec and the named parameters (the names of torch's
 `named_parameters()`, e.g. `0.weight`), read and set per-group hyper-parameters before every
 update (schedules set `lr`; OneCycle cycles `momentum` or `betas[0]`), and move the state between
-frameworks through the neutral format of CONTRACT.md §4:
+frameworks through the neutral format of docs/contract.md §4:
 
     {"step": n, "state": {param_name: {state_name: ndarray}}}
 
 `step` is the number of updates applied (the largest per-parameter count); every parameter that
-has been updated has an entry with its own `step` (conformance.params.state_shapes lists the
+has been updated has an entry with its own `step` (conformance.rules.state.state_shapes lists the
 names). Counting: update t uses the hyper-parameters set for t; bias corrections count the
 updates a parameter received. Nothing advances outside `step()` / `update()`: a skipped update
 (not calling them, or keeping the old state) leaves everything as it was.
@@ -28,9 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from conformance.config.optimizer import OptimizerSpec
 from conformance.errors import InputError
-from conformance.params import ParamGroup, check_state, check_trajectory_inputs, objective_grads
-from conformance.spec.optimizer import OptimizerSpec
+from conformance.rules.groups import ParamGroup
+from conformance.rules.state import check_state
+from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
 from ref_jax import _combine, _leaf
 from ref_jax.backend import framework_dtype, to_numpy
 
@@ -38,7 +40,7 @@ from ref_jax.backend import framework_dtype, to_numpy
 def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
     """Build the optimizer of `spec` for the named parameters (torch: an iterable of (name,
     parameter), e.g. model.named_parameters(); JAX: the {name: array} parameter dict). Groups come
-    from conformance.params.resolve_groups, in that order. Torch: a torch.optim.Optimizer (the
+    from conformance.rules.groups.resolve_groups, in that order. Torch: a torch.optim.Optimizer (the
     built-in class, with foreach/fused kernels on CUDA, or a twinstep class where torch has none)
     whose param_groups carry `param_names`. JAX: an optax GradientTransformationExtraArgs over the
     dict, `update(grads, state, params, present=None)`, where present[name] = False marks a

@@ -2,7 +2,7 @@
 
 The trainer gets one jittable schedule per param group from `build_schedules(spec, base_lrs,
 updates_per_epoch)` (see ref_jax._schedules) and feeds it the update count: update t applies the
-value at t (CONTRACT.md §2), as optax's scale_by_schedule / inject_hyperparams do. onecycle with
+value at t (docs/contract.md §2), as optax's scale_by_schedule / inject_hyperparams do. onecycle with
 cycle_momentum also yields momentum (or beta1) schedules. `schedule_values` is the neutral entry
 point the conformance harness calls. Closed forms: conformance/oracle/schedules.py.
 """
@@ -14,8 +14,15 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from conformance.spec.schedule import ScheduleSpec, check_schedule, cycled_hyperparameter, group_base_lrs
-from ref_jax._schedules import GroupSchedules, build_schedules, lr_schedule, schedule_step
+from conformance.config.schedule import ScheduleSpec
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import check_schedule, cycled_hyperparameter
+from ref_jax._schedules import (
+    GroupSchedules,
+    build_schedules,
+    lr_schedule,
+    schedule_step,
+)
 
 _CHUNK = 512  # updates evaluated per call
 
@@ -28,7 +35,7 @@ def schedule_values(
     """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) float64 array, "momentum":
     (steps, groups) array of the cycled momentum or beta1, or None, "momentum_name": "momentum" |
     "beta1" | None}. `optimizer` is the OptimizerSpec: it gives each group's base lr, in the order
-    of conformance.spec.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
+    of conformance.config.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
     name = cycled_hyperparameter(schedule, optimizer)
     built = build_schedules(schedule, group_base_lrs(optimizer), updates_per_epoch)

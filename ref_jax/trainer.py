@@ -1,4 +1,4 @@
-"""The JAX trainer: `train(config, out_dir)` runs a whole training config and writes CONTRACT.md §5's files.
+"""The JAX trainer: `train(config, out_dir)` runs a whole training config and writes docs/contract.md §5's files.
 
     result = train("configs/linear_regression.toml", "runs/lr")          # or a Config, or None
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
@@ -6,7 +6,7 @@
 The mirror of ref_torch.trainer: the same configs, metrics lines and checkpoints, the same run to
 the tolerance of the dtype (docs/jax_trainer.md). A plain loop over small parts:
 
-    run = open_run(...)                           # conformance.training: dir, data, checkpoint, metrics
+    run = open_run(...)                           # conformance.run: dir, data, checkpoint, metrics
     parts, state ← ref_jax._train_state (model twin with torch's initial weights, optimizer,
                    schedules, window layout), restored from run.checkpoint (either trainer's)
     step ← ref_jax._train_step: ONE jitted, donating function for the whole update
@@ -24,10 +24,12 @@ Contract shared by every backend's `train` (same signature and docstring):
 
 - `config`: a Config, a TOML path, a mapping, or None for the built-in default.
 - `out_dir` gets config.toml, metrics.jsonl and checkpoints/ (only rank 0 writes files).
-- `resume`: continue from the newest checkpoint that verifies (CONTRACT.md §5); without it an
+- `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
   torchrun), else 0 and 1. `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
+- `events(name, info)`: called at the run's named moments (conformance.run.events: micro-batches
+  or dispatched windows, checkpoint stages); None = nobody watches.
 - `[run] inject_nonfinite = [t, ...]`: the window loss of each listed update is replaced by +inf
   *after* the backward pass has produced finite gradients, so the update is non-finite exactly as
   an overflow would be (skipped under dynamic loss scaling; NonFiniteError under
@@ -53,11 +55,22 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import training as tr
+from conformance.config import Config, load_config
 from conformance.errors import UnsupportedError
-from conformance.spec import Config, load_config
-from conformance.spec.schedule import check_run_length
-from conformance.training import TrainResult
+from conformance.rules.schedules import check_run_length
+from conformance.run.batches import injected, window_counts
+from conformance.run.counters import advance
+from conformance.run.events import Events, notify
+from conformance.run.records import (
+    EvalTotals,
+    add_eval,
+    checkpoint_due,
+    eval_due,
+    eval_record,
+    update_record,
+)
+from conformance.run.session import Run, TrainResult, open_run
+from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
 from ref_jax._sharding import placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step, specs_of
@@ -70,10 +83,11 @@ def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config
     return config if isinstance(config, Config) else load_config(config)
 
 
-def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, resume: bool = False,
-          rank: int | None = None, world_size: int | None = None, progress: str | None = None) -> TrainResult:
+def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, resume: bool = False,
+          rank: int | None = None, world_size: int | None = None, progress: str | None = None,
+          events: Events | None = None) -> TrainResult:
     """Train `config` into `out_dir` and return a TrainResult (see the module docstring: files,
-    resume, ranks, progress, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
+    resume, ranks, progress, events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
     for a config that cannot run, CheckpointError for a refused resume, NonFiniteError under the
     non-finite policy; files already written stay intact."""
     config = _as_config(config)
@@ -84,7 +98,8 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
                                f"splits each batch over that process's devices with jax.sharding; launch it "
                                f"without torchrun")
     with numerics_context(config.precision):
-        run = tr.open_run(config, out_dir, "jax", resume=resume, progress=progress or config.run.progress)
+        run = open_run(config, out_dir, "jax", resume=resume, progress=progress or config.run.progress,
+                       events=events)
         try:
             return _loop(run)
         finally:
@@ -92,7 +107,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
                 run.metrics.close()
 
 
-def _loop(run: tr.Run) -> TrainResult:
+def _loop(run: Run) -> TrainResult:
     config = run.config
     random.seed(config.run.seed)  # the host generators, seeded as the torch trainer seeds them
     np.random.seed(config.run.seed % 2**32)
@@ -108,7 +123,6 @@ def _loop(run: tr.Run) -> TrainResult:
     for note in check_run_length(config.schedule, run.planned, per_epoch):
         if run.metrics is not None and run.metrics._mode != "none":
             run.metrics.stream.write(f"twinstep: note: {note}\n")
-    fault = tr.train_fault()
     losses: list[float] = []
     last: Path | None = None
     prepared = _prepare(run, parts, place, run.start) if run.start < run.planned else None
@@ -116,31 +130,30 @@ def _loop(run: tr.Run) -> TrainResult:
         window, arrays, data_s = prepared
         t0 = time.perf_counter()
         state, out = step(state, arrays, np.int32(t), tables, key)
-        if t in fault:  # kill tests: die while the device computes update t's window
-            os._exit(137)
+        notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
         prepared = _prepare(run, parts, place, t + 1) if t + 1 < run.planned else None
         overlap = prepared[2] if prepared is not None else 0.0
         out = jax.device_get(out)  # the update's one wait for the device: every metric in one transfer
         info = finish_update(specs, state.update, out.info, update=t)
         compute_s = max(time.perf_counter() - t0 - overlap, 0.0)
-        run.counters = tr.advance(run.counters, info["skipped"], info["schedule_advanced"])
+        run.counters = advance(run.counters, info["skipped"], info["schedule_advanced"])
         losses.append(info["loss"])
         extra = {"peak_memory_bytes": _peak_memory(place.devices[0]),
-                 **tr.throughput_extras(config, run, window, data_s + compute_s, device_name)}
+                 **throughput_extras(config, run, window, data_s + compute_s, device_name)}
         if run.metrics is not None:
-            run.metrics.log_update(tr.update_record(run, t, window, info, _lrs(out), data_s, compute_s, **extra))
+            run.metrics.log_update(update_record(run, t, window, info, _lrs(out), data_s, compute_s, **extra))
         val_loss = None
-        if tr.eval_due(run, t):
+        if eval_due(run, t):
             evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place)
-            record = tr.eval_record(t, _evaluate(run, parts, place, evaluate, state))
+            record = eval_record(t, _evaluate(run, parts, place, evaluate, state))
             val_loss = record["val_loss"]
             best = run.counters.best_val_loss
             if np.isfinite(val_loss) and (best is None or val_loss < best):
                 run.counters = run.counters._replace(best_val_loss=float(val_loss))
             if run.metrics is not None:
                 run.metrics.log_eval(record)
-        if tr.checkpoint_due(run, t):
+        if checkpoint_due(run, t):
             last = ts.save(run, place, state, key, t + 1, val_loss)
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
@@ -158,22 +171,22 @@ def _lrs(out: StepOutput) -> list[float]:
     return [float(x) for x in np.asarray(out.lrs, np.float64)]
 
 
-def _prepare(run: tr.Run, parts: ts.Parts, place: Any, t: int) -> tuple[Any, dict[str, Any], float]:
+def _prepare(run: Run, parts: ts.Parts, place: Any, t: int) -> tuple[Any, dict[str, Any], float]:
     """Update t's window: the host batches, padded to the fixed shape and placed on the mesh."""
     t0 = time.perf_counter()
     window = run.data.window(t)
-    arrays = parts.layout.pad(window, tr.window_counts(run.config, window), tr.injected(run.config, t))
+    arrays = parts.layout.pad(window, window_counts(run.config, window), injected(run.config, t))
     placed = place.put_batch(arrays, axis=1)
     return window, placed, time.perf_counter() - t0
 
 
-def _evaluate(run: tr.Run, parts: ts.Parts, place: Any, evaluate: Any, state: Any) -> tr.EvalTotals:
+def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, state: Any) -> EvalTotals:
     """Σ loss sums / Σ counts over every validation sample, and accuracy for classification."""
-    total = tr.EvalTotals()
+    total = EvalTotals()
     layout = parts.layout
     for batch in run.data.val_batches():
         arrays = pad_rows(batch.x, batch.y, parts.eval_rows, layout.x_dtype, layout.y_dtype)
         sums = jax.device_get(evaluate(state.update.params, place.put_batch(arrays, axis=0)))
-        total = tr.add_eval(total, float(sums.loss_sum), float(sums.count), int(sums.correct), int(sums.predictions))
+        total = add_eval(total, float(sums.loss_sum), float(sums.count), int(sums.correct), int(sums.predictions))
     return total
 

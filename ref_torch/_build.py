@@ -1,5 +1,5 @@
 """How ref_torch turns twinstep's parameter groups into torch.optim objects, and torch's state
-names into the neutral ones (CONTRACT.md §4)."""
+names into the neutral ones (docs/contract.md §4)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
-from conformance.params import ParamGroup
+from conformance.rules.groups import ParamGroup
 from ref_torch import _functional, _muon
 
 # torch state key -> neutral name, per optimizer

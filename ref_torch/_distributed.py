@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from conformance import checkpoint_io as io
+from conformance.checkpoint import files as io
 from conformance.errors import ConfigError
 
 

@@ -30,8 +30,8 @@ except ImportError:  # pragma: no cover
     DTensor = type("DTensor", (), {})  # type: ignore[misc,assignment]
 
 from conformance.checkpoint import check_tensors
+from conformance.config import Config
 from conformance.errors import ConfigError
-from conformance.spec import Config
 from ref_torch.checkpoint import _to_numpy
 from ref_torch.models import GPT, named_parameters
 from ref_torch.optimizers import export_state, import_state

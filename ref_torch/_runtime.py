@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from conformance.config import Config
 from conformance.data import Batch
 from conformance.errors import ConfigError
-from conformance.spec import Config
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:

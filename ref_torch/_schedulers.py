@@ -19,8 +19,9 @@ import torch
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as sched
 
+from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError, InputError
-from conformance.spec.schedule import ScheduleSpec, start_lrs
+from conformance.rules.schedules import start_lrs
 
 # Keys a previous scheduler leaves in param groups; a rebuilt scheduler must not inherit them.
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")

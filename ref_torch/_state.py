@@ -1,6 +1,6 @@
 """The torch trainer's checkpoint content: capture and restore every piece of a run's state.
 
-Saved (CONTRACT.md §5, reliability.md §3.4's checklist): model parameters; optimizer state in the
+Saved (docs/contract.md §5, reliability.md §3.4's checklist): model parameters; optimizer state in the
 neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
 (counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t)); the
 loss-scale state; the skip counters (in the counters); every rank's RNG (torch CPU and CUDA,
@@ -15,13 +15,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from conformance import training
 from conformance.checkpoint import Checkpoint
+from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_rank_rng
 from conformance.errors import CheckpointError
+from conformance.run import records
+from conformance.run.session import Run
 from ref_torch import _distributed as ddp
 from ref_torch import _fsdp
 from ref_torch.backend import describe
-from conformance.checkpoint_rng import capture_host_rng
 from ref_torch.checkpoint import load_model_state, model_state, restore_rng
 from ref_torch.optimizers import export_state, import_state
 from ref_torch.precision import LossScaler, SkipState
@@ -39,7 +40,7 @@ class Objects(NamedTuple):
     scaler: LossScaler
 
 
-def save_checkpoint(run: training.Run, updates_done: int, objs: Objects, device: torch.device,
+def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.device,
                     val_loss: float | None = None) -> Path | None:
     """Save the state after `updates_done` updates. Collective: every rank calls it (RNG gather);
     rank 0 writes."""
@@ -51,11 +52,11 @@ def save_checkpoint(run: training.Run, updates_done: int, objs: Objects, device:
     opt = _fsdp.export_optimizer(objs.optimizer) if sharded else None
     if not run.is_main:
         return None
-    tensors, meta_rng = training.pack_rank_rng(per_rank)
+    tensors, meta_rng = pack_rank_rng(per_rank)
     opt = opt if opt is not None else export_state(objs.optimizer)
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
-    meta = training.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng)
-    return training.save(run, updates_done, weights if weights is not None else model_state(objs.model),
+    meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng)
+    return records.save(run, updates_done, weights if weights is not None else model_state(objs.model),
                          opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss)
 
 
@@ -94,7 +95,7 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int, skip: frozenset[st
     counters = meta.get("counters", {})
     skips = SkipState(int(counters.get("skipped_total", 0)), int(counters.get("consecutive_skips", 0)))
     if "rng" not in skip:
-        mine = training.unpack_rank_rng(state.rng or {}, meta.get("rng") or {}, rank)
+        mine = unpack_rank_rng(state.rng or {}, meta.get("rng") or {}, rank)
         if mine is not None:
             restore_rng(*mine)
     return skips

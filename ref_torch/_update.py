@@ -16,12 +16,18 @@ from typing import Any, NamedTuple
 
 import torch
 
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.clip import ClipSpec
-from conformance.spec.precision import PrecisionSpec
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.clip import ClipSpec
+from conformance.config.precision import PrecisionSpec
 from ref_torch.accumulation import accumulate_gradients
 from ref_torch.clipping import _scale_by_norm, check_norm, clip_gradients, total_norm
-from ref_torch.precision import LossScaler, SkipState, check_nonfinite, finite_flags, record_update
+from ref_torch.precision import (
+    LossScaler,
+    SkipState,
+    check_nonfinite,
+    finite_flags,
+    record_update,
+)
 
 
 class UpdateSpecs(NamedTuple):
@@ -31,7 +37,7 @@ class UpdateSpecs(NamedTuple):
 
 
 class UpdateInfo(NamedTuple):
-    """What the metrics line of one update needs (CONTRACT.md §5)."""
+    """What the metrics line of one update needs (docs/contract.md §5)."""
 
     loss: float
     grad_norm: float

@@ -4,7 +4,7 @@ normalize = "micro_batches": each micro-batch backpropagates value_j / n, n the 
 (an incomplete last window is divided by its own count, seed 000's remainder correction);
 normalize = "tokens": each backpropagates sum_j / N with N = Σ_j count_j known before the first
 forward pass, so the window's gradient is the full-batch gradient (the 2024 accumulation fix).
-See conformance.spec.accumulation. The `accumulate` case model is linear: x @ w + b.
+See conformance.config.accumulation. The `accumulate` case model is linear: x @ w + b.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.errors import InputError
-from conformance.oracle.accumulation import prepare_windows
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
+from conformance.rules.windows import check_window, prepare_windows
 from ref_torch.backend import framework_dtype, to_numpy
 from ref_torch.losses import compute_loss
 
@@ -31,33 +31,6 @@ class WindowOutput(NamedTuple):
     loss: Any
     sum: Any
     count: Any
-
-
-def _host_total(counts: Any) -> float | None:
-    # counts given as plain numbers can be checked on the host; framework arrays are not synced
-    if isinstance(counts, np.ndarray) or (isinstance(counts, (list, tuple)) and all(
-            isinstance(c, (int, float, np.integer, np.floating)) for c in counts)):
-        return float(np.sum(np.asarray(counts, np.float64)))
-    return None
-
-
-def check_window(spec: AccumulationSpec, size: int, counts: Any) -> None:
-    """Raise InputError if a window of `size` micro-batches (with these counts) cannot be accumulated."""
-    if size < 1:
-        raise InputError("an accumulation window needs at least one micro-batch")
-    if size > spec.steps:
-        raise InputError(f"the window has {size} micro-batches; accumulation.steps = {spec.steps}")
-    if spec.normalize != "tokens":
-        return
-    if counts is None:
-        raise InputError("accumulation.normalize = 'tokens' needs counts: the valid elements of each "
-                         "micro-batch, known before the forward pass (conformance.validate.valid_count)")
-    if len(counts) != size:
-        raise InputError(f"counts has {len(counts)} entries for a window of {size} micro-batches")
-    total = _host_total(counts)
-    if total is not None and total == 0:
-        raise InputError("the accumulation window has no valid elements (every target is masked or ignored); "
-                         "normalize = 'tokens' would divide by 0")
 
 
 def accumulate_gradients(

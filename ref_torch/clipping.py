@@ -1,6 +1,6 @@
 """Gradient clipping by global norm, per parameter or by value; the pre-clip norm is returned.
 
-The rules are conformance.spec.clip's: eps > 0 is torch's clip_grad_norm_ (always multiply by
+The rules are conformance.config.clip's: eps > 0 is torch's clip_grad_norm_ (always multiply by
 min(c / (n + eps), 1)); eps = 0 is optax.clip_by_global_norm (unchanged when n < c, else g / n · c).
 The total norm is the norm of the per-parameter norms (torch.nn.utils.get_total_norm) and is what
 trainers log as `grad_norm`. Clip after unscaling (precision.unscale_grads), as the seeds order it.
@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from conformance.config.clip import TORCH_EPS, ClipSpec
 from conformance.errors import InputError, NonFiniteError
-from conformance.oracle.clipping import nonfinite_norm_message
-from conformance.spec.clip import TORCH_EPS, ClipSpec
+from conformance.rules.nonfinite import nonfinite_norm_message
 from ref_torch.backend import framework_dtype, to_numpy
 
 

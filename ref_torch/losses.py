@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from conformance.spec.loss import LossSpec
-from conformance.validate import check_loss_inputs, is_index_target
+from conformance.config.loss import LossSpec
+from conformance.rules.inputs import check_loss_inputs, is_index_target
 from ref_torch.backend import framework_dtype, to_numpy
 
 

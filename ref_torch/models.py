@@ -15,9 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
-from conformance.models import check_model_input, dims_from_params, init_params, model_dims
-from conformance.spec.model import ModelSpec
+from conformance.models import (
+    check_model_input,
+    dims_from_params,
+    init_params,
+    model_dims,
+)
 from ref_torch.backend import framework_dtype
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}

@@ -1,13 +1,13 @@
 """Mixed precision: dtype policy, matmul precision, dynamic loss scaling, the non-finite policy.
 
-The update-level order (seed 000's loop; CONTRACT.md §2):
+The update-level order (seed 000's loop; docs/contract.md §2):
 
     scale_loss → backward (accumulation) → unscale_grads (finite check) → clip → optimizer step,
     or skip (parameters and optimizer state untouched) → update_scale → schedule step or hold
 
 Dynamic loss scaling is torch.amp.GradScaler's state machine on a neutral LossScaleState
 (scale: float32 scalar, growth_tracker: int32 scalar); see conformance.oracle.precision for the
-rules. Checkpoints store it as {"scale": float, "growth_tracker": int} (scale_state_to_dict).
+equations. Checkpoints store it as {"scale": float, "growth_tracker": int} (scale_state_to_dict).
 An update is non-finite when the loss or any *unscaled* gradient element is NaN/inf.
 """
 
@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from conformance.config.precision import PrecisionSpec
 from conformance.errors import InputError
-from conformance.oracle import precision as neutral
-from conformance.spec.precision import PrecisionSpec
+from conformance.rules.loss_scale import require_dynamic_scaling
+from conformance.rules.nonfinite import check_nonfinite as check_policy
 from ref_torch.backend import framework_dtype
 
 
@@ -203,7 +204,7 @@ def check_nonfinite(spec: PrecisionSpec, state: SkipState, loss_finite: Any, gra
     """Host-side policy after record_update: NonFiniteError naming the first non-finite tensor (the
     loss, else the first gradient) under on_nonfinite = "raise", or once more than
     max_consecutive_skips updates in a row were skipped. Synchronizes."""
-    neutral.check_nonfinite(spec, int(state.consecutive), bool(loss_finite),
+    check_policy(spec, int(state.consecutive), bool(loss_finite),
                             {k: bool(v) for k, v in grads_finite.items()}, update)
 
 
@@ -246,7 +247,7 @@ def loss_scale_trace(spec: PrecisionSpec, finite: list[bool], dtype: str = "floa
     Returns {"scale": scale in force at each update, "skipped": per update, "growth_tracker":
     after each update}; raises NonFiniteError per the non-finite policy."""
     if not spec.dynamic_scaling:
-        return neutral.loss_scale_trace(spec, finite)  # raises the same InputError
+        require_dynamic_scaling(spec)
     state, skips = init_scale_state(spec), init_skip_state()
     out: dict[str, list[Any]] = {"scale": [], "skipped": [], "growth_tracker": []}
     for t, ok in enumerate(finite):
@@ -254,7 +255,7 @@ def loss_scale_trace(spec: PrecisionSpec, finite: list[bool], dtype: str = "floa
         out["scale"].append(float(state.scale))
         out["skipped"].append(not bool(ok))
         skips = record_update(skips, flag)
-        neutral.check_nonfinite(spec, skips.consecutive, True, {}, update=t, finite=bool(ok))
+        check_policy(spec, skips.consecutive, True, {}, update=t, finite=bool(ok))
         state = update_scale(spec, state, flag)
         out["growth_tracker"].append(int(state.growth_tracker))
     return out

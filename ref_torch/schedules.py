@@ -2,7 +2,7 @@
 
 The trainer calls `build_scheduler(spec, optimizer, updates_per_epoch)` (see ref_torch._schedulers)
 and steps the scheduler after every `optimizer.step()`; update t then applies the value at t
-(CONTRACT.md §2). `schedule_values` is the neutral entry point the conformance harness calls: it
+(docs/contract.md §2). `schedule_values` is the neutral entry point the conformance harness calls: it
 drives the same scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and
 reads the lr (and cycled momentum) each update applies. Closed forms: conformance/oracle/schedules.py.
 """
@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance.spec.schedule import ScheduleSpec, check_schedule, cycled_hyperparameter, group_base_lrs
+from conformance.config.schedule import ScheduleSpec
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import check_schedule, cycled_hyperparameter
 from ref_torch._schedulers import PerEpochLR, build_scheduler
 
 __all__ = ["PerEpochLR", "build_scheduler", "schedule_values"]
@@ -26,7 +28,7 @@ def schedule_values(
     """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) float64 array, "momentum":
     (steps, groups) array of the cycled momentum or beta1, or None, "momentum_name": "momentum" |
     "beta1" | None}. `optimizer` is the OptimizerSpec: it gives each group's base lr, in the order
-    of conformance.spec.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
+    of conformance.config.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
     base = group_base_lrs(optimizer)
     name = cycled_hyperparameter(schedule, optimizer)

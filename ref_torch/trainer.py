@@ -1,9 +1,9 @@
-"""The trainer: `train(config, out_dir)` runs a whole training config and writes CONTRACT.md §5's files.
+"""The trainer: `train(config, out_dir)` runs a whole training config and writes docs/contract.md §5's files.
 
     result = train("configs/linear_regression.toml", "runs/lr")          # or a Config, or None
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
 
-A plain loop over small parts (conformance.training holds the framework-neutral half, shared with
+A plain loop over small parts (conformance.run holds the framework-neutral half, shared with
 the other backend's trainer):
 
     run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
@@ -18,12 +18,14 @@ Contract shared by every backend's `train` (same signature and docstring):
 
 - `config`: a Config, a TOML path, a mapping, or None for the built-in default.
 - `out_dir` gets config.toml, metrics.jsonl and checkpoints/ (only rank 0 writes files).
-- `resume`: continue from the newest checkpoint that verifies (CONTRACT.md §5); without it an
+- `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
   torchrun), else 0 and 1. `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
+- `events(name, info)`: called at the run's named moments (conformance.run.events: micro-batches
+  or dispatched windows, checkpoint stages); None = nobody watches.
 - `[run] inject_nonfinite = [t, ...]`: every micro-batch loss (value and sum) of each listed
-  update is multiplied by +inf before the backward pass (conformance.training.injected), so the
+  update is multiplied by +inf before the backward pass (conformance.injected), so the
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
@@ -35,7 +37,6 @@ Contract shared by every backend's `train` (same signature and docstring):
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,15 +44,25 @@ from typing import Any
 
 import torch
 
-from conformance import training
+from conformance.config import Config, load_config
 from conformance.errors import TwinstepError
-from conformance.spec import Config, load_config
-from conformance.spec.schedule import check_run_length, check_schedule
-from conformance.training import EvalTotals, TrainResult
+from conformance.rules.inputs import INDEX_LOSSES
+from conformance.rules.schedules import check_run_length, check_schedule
+from conformance.run.batches import injected, window_counts
+from conformance.run.counters import advance
+from conformance.run.events import Events, notify
+from conformance.run.records import (
+    EvalTotals,
+    checkpoint_due,
+    eval_due,
+    eval_record,
+    update_record,
+)
+from conformance.run.session import Run, TrainResult, open_run
+from conformance.run.throughput import throughput_extras
 from ref_torch import _distributed as ddp
-from ref_torch import _fsdp
+from ref_torch import _fsdp, _state
 from ref_torch import _runtime as rt
-from ref_torch import _state
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.losses import LossOutput, compute_loss
@@ -61,10 +72,11 @@ from ref_torch.precision import LossScaler, autocast, init_skip_state, numerics_
 from ref_torch.schedules import build_scheduler
 
 
-def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, resume: bool = False,
-          rank: int | None = None, world_size: int | None = None, progress: str | None = None) -> TrainResult:
+def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, resume: bool = False,
+          rank: int | None = None, world_size: int | None = None, progress: str | None = None,
+          events: Events | None = None) -> TrainResult:
     """Train `config` into `out_dir` and return a TrainResult (see the module docstring: files,
-    resume, ranks, progress, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
+    resume, ranks, progress, events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
     for a config that cannot run, CheckpointError for a refused resume, NonFiniteError under the
     non-finite policy; files already written stay intact."""
     config = _as_config(config)
@@ -73,19 +85,20 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     created = ddp.setup(rank_, world, device)
     with ddp.finally_teardown(created), numerics_context(config.precision), \
             rt.determinism(config.run.deterministic, device):
-        return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress)
+        return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress, events)
 
 
 def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
     return config if isinstance(config, Config) else load_config(config)
 
 
-def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progress: str) -> training.Run:
+def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progress: str,
+          events: Events | None) -> Run:
     # Rank 0 prepares the directory (and may refuse it) before the other ranks read from it.
-    def attempt() -> training.Run | TwinstepError:
+    def attempt() -> Run | TwinstepError:
         try:
-            return training.open_run(config, out, "torch", resume=resume, rank=rank, world_size=world,
-                                     progress=progress)
+            return open_run(config, out, "torch", resume=resume, rank=rank, world_size=world,
+                            progress=progress, events=events)
         except TwinstepError as exc:
             return exc
 
@@ -100,8 +113,8 @@ def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progre
 
 
 def _train(config: Config, out: Path, resume: bool, rank: int, world: int, device: torch.device,
-           progress: str) -> TrainResult:
-    run = _open(config, out, resume, rank, world, progress)
+           progress: str, events: Events | None) -> TrainResult:
+    run = _open(config, out, resume, rank, world, progress, events)
     try:
         return _loop(config, run, device, progress)
     finally:
@@ -109,7 +122,7 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
             run.metrics.close()
 
 
-def _loop(config: Config, run: training.Run, device: torch.device, progress: str) -> TrainResult:
+def _loop(config: Config, run: Run, device: torch.device, progress: str) -> TrainResult:
     rt.seed_everything(config.run.seed + run.rank)
     pdtype = framework_dtype(config.precision.param_dtype)
     model = build_model(config.model, run.data.info, seed=config.run.seed, dtype=config.precision.param_dtype,
@@ -133,7 +146,6 @@ def _loop(config: Config, run: training.Run, device: torch.device, progress: str
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     hooks = ddp.update_hooks(wrapped, run.world_size, device)
     name = rt.device_name(device)
-    fault = training.train_fault()
     losses: list[float] = []
     last: Path | None = None
     for t in range(run.start, run.planned):
@@ -142,19 +154,19 @@ def _loop(config: Config, run: training.Run, device: torch.device, progress: str
         batches, counts = _prepare(config, run, window, device, pdtype)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
-        loss_fn = _loss_fn(config, forward, run.world_size, training.injected(config, t), fault.get(t))
+        loss_fn = _loss_fn(config, forward, run.world_size, injected(config, t), t, run.events)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
         t2 = time.perf_counter()
-        run.counters = training.advance(run.counters, info.skipped, info.schedule_advanced)
+        run.counters = advance(run.counters, info.skipped, info.schedule_advanced)
         losses.append(info.loss)
         if run.metrics is not None:
             extra = {"peak_memory_bytes": rt.peak_memory_bytes(device),
-                     **training.throughput_extras(config, run, window, t2 - t0, name)}
-            run.metrics.log_update(training.update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
+                     **throughput_extras(config, run, window, t2 - t0, name)}
+            run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
         val_loss = _maybe_evaluate(config, run, model, device, pdtype, t)
-        if training.checkpoint_due(run, t):
+        if checkpoint_due(run, t):
             last = _state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
     return TrainResult(_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
 
@@ -163,23 +175,23 @@ def _restore(checkpoint: Any, objs: _state.Objects, rank: int) -> Any:
     return _state.restore(checkpoint, objs, rank)
 
 
-def _data_window(run: training.Run, t: int) -> Any:
+def _data_window(run: Run, t: int) -> Any:
     # The data position is the update count: window(t) is a pure function of t.
     return run.data.window(t)
 
 
-def _note(run: training.Run, text: str, progress: str) -> None:
+def _note(run: Run, text: str, progress: str) -> None:
     if run.metrics is not None and progress != "none":
         run.metrics.stream.write(f"twinstep: note: {text}\n")
 
 
-def _prepare(config: Config, run: training.Run, window: Any, device: torch.device,
+def _prepare(config: Config, run: Run, window: Any, device: torch.device,
              dtype: torch.dtype) -> tuple[list[tuple[Any, Any, Any]], Any]:
     """The window's micro-batches on the device, each with its global count where the loss needs it,
     and the counts for tokens normalization (a tensor across ranks: only the global total may be 0)."""
     tokens = config.accumulation.normalize == "tokens"
     world = run.world_size
-    counts = training.window_counts(config, window) if (tokens or world > 1) else None
+    counts = window_counts(config, window) if (tokens or world > 1) else None
     global_counts: list[Any] = [None] * len(window.batches)
     if world > 1 and not tokens:
         # micro_batches across ranks: each micro-batch is the mean over its global samples
@@ -190,15 +202,14 @@ def _prepare(config: Config, run: training.Run, window: Any, device: torch.devic
     return batches, counts if tokens else None
 
 
-def _loss_fn(config: Config, forward: Any, world: int, inject: bool, fault: int | None = None) -> Any:
+def _loss_fn(config: Config, forward: Any, world: int, inject: bool, update: int, events: Events | None) -> Any:
     spec = config.loss
-    classes = spec.name in training.CLASS_LOSSES
+    classes = spec.name in INDEX_LOSSES
     calls = [0]
 
     def loss_fn(_params: Any, mb: tuple[Any, Any, Any]) -> LossOutput:
         x, y, global_count = mb
-        if fault is not None and calls[0] == fault:
-            os._exit(137)  # kill tests: die inside the accumulation window, as SIGKILL would
+        notify(events, "micro_batch", update=update, index=calls[0])
         calls[0] += 1
         with autocast(config.precision, x.device.type):
             out = forward(x)
@@ -216,11 +227,11 @@ def _loss_fn(config: Config, forward: Any, world: int, inject: bool, fault: int 
     return loss_fn
 
 
-def _maybe_evaluate(config: Config, run: training.Run, model: Any, device: torch.device, dtype: torch.dtype,
+def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,
                     t: int) -> float | None:
-    if not training.eval_due(run, t):
+    if not eval_due(run, t):
         return None
-    record = training.eval_record(t, _evaluate(config, run, model, device, dtype))
+    record = eval_record(t, _evaluate(config, run, model, device, dtype))
     val = record["val_loss"]
     best = run.counters.best_val_loss
     if math.isfinite(val) and (best is None or val < best):
@@ -230,10 +241,10 @@ def _maybe_evaluate(config: Config, run: training.Run, model: Any, device: torch
     return val
 
 
-def _evaluate(config: Config, run: training.Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:
+def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:
     """Validation sums over every rank's batches: Σ loss sums, Σ counts, correct, predictions."""
     spec = config.loss
-    classes = spec.name in training.CLASS_LOSSES
+    classes = spec.name in INDEX_LOSSES
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     model.eval()
     try:

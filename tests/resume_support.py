@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance import checkpoint as ck
-from conformance.metrics import read_metrics
+from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
 WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", "step", "kill"]

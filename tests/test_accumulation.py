@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.errors import ConfigError, InputError
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
 from ref_jax import accumulation as ja
 from ref_jax import losses as jl
 from ref_torch import accumulation as ta

@@ -17,10 +17,14 @@ import pytest
 import safetensors.numpy
 
 from conformance import checkpoint as ck
-from conformance import checkpoint_io as cio
-from conformance.errors import CheckpointCorruptError, CheckpointError, CheckpointRejected
+from conformance.checkpoint import files as cio
+from conformance.config.model import ModelSpec
+from conformance.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointRejected,
+)
 from conformance.harness.backends import Backend
-from conformance.spec.model import ModelSpec
 
 FILES = [*ck.FILES, ck.MANIFEST]
 
@@ -246,7 +250,7 @@ def test_retention_leaves_newer_checkpoints_and_survives_failed_deletes(tmp_path
         ck.save_checkpoint(tmp_path, sample_state(u))
     ck.save_checkpoint(tmp_path, sample_state(6), keep_last=1)  # e.g. resumed from 5 after 9 was refused
     assert [u for u, _ in ck.list_checkpoints(tmp_path)] == [9, 6]
-    monkeypatch.setattr(ck.shutil, "rmtree", lambda p, **k: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    monkeypatch.setattr(ck.format.shutil, "rmtree", lambda p, **k: (_ for _ in ()).throw(PermissionError(13, "denied")))
     with pytest.warns(UserWarning, match="could not delete"):
         assert ck.save_checkpoint(tmp_path / "b", sample_state(1)) and ck.save_checkpoint(
             tmp_path / "b", sample_state(2), keep_last=1)
@@ -352,7 +356,8 @@ def test_a_forged_pickle_payload_never_runs(tmp_path) -> None:
 @pytest.mark.parametrize("target", ["manifest.json", "model.safetensors", "state.json"])
 def test_arbitrary_bytes_only_raise_checkpoint_errors(tmp_path_factory, target: str) -> None:
     # reliability.md T7: whatever a file holds (hash made to match), only CheckpointError escapes.
-    from hypothesis import given, strategies as st
+    from hypothesis import given
+    from hypothesis import strategies as st
 
     path = ck.save_checkpoint(tmp_path_factory.mktemp("fuzz"), sample_state())
     pristine = (path / target).read_bytes()

@@ -4,8 +4,8 @@ A child process saves checkpoints in a loop; the parent kills it with SIGKILL at
 and checks that the newest checkpoint found is complete, verified and self-consistent, and that
 nothing the child reported as saved was lost. The negative control runs a naive writer (files
 overwritten in place, no manifest) under the same kills and must see corruption. A few trials run
-in CI; `-m slow` runs 25 of each with a 32 MiB state. Named crash points (TWINSTEP_CHECKPOINT_FAULT)
-exit exactly between the steps of a save.
+in CI; `-m slow` runs 25 of each with a 32 MiB state. Named crash points (save_checkpoint's `events`
+observer exits at one checkpoint stage) die exactly between the steps of a save.
 """
 
 from __future__ import annotations
@@ -61,18 +61,20 @@ def naive_save(s):
     with open(os.path.join(d, "state.json"), "w") as f:
         json.dump(s.meta, f)
 
+def die_at(stage):
+    # from the second save on, exit abruptly at one stage of it (as SIGKILL would)
+    return lambda event, info: os._exit(137) if info.get("stage") == stage else None
+
 u = 0
 while True:
     u += 1
     s = state(u)
     t = time.perf_counter()
     if mode == "atomic":
-        ck.save_checkpoint(directory, s, keep_last=keep)
+        ck.save_checkpoint(directory, s, keep_last=keep, events=die_at(fault) if fault and u > 1 else None)
     else:
         naive_save(s)
     print(f"saved {u} {time.perf_counter() - t:.6f}", flush=True)
-    if fault and u == 1:
-        os.environ[ck.FAULT_ENV] = fault
 '''
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +84,6 @@ CI_FLOATS, SLOW_FLOATS = 1 << 20, 1 << 23  # model "a" alone: 4 MiB in CI, 32 Mi
 
 def start(directory: Path, mode: str, n: int, fault: str = "", keep: int = 2) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(ck.FAULT_ENV, None)
     return subprocess.Popen([sys.executable, "-c", CHILD, str(directory), mode, str(n), fault, str(keep)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from conformance.config import load_config
+from conformance.config.clip import ClipSpec
 from conformance.errors import ConfigError, NonFiniteError
-from conformance.spec import load_config
-from conformance.spec.clip import ClipSpec
 from ref_jax import clipping as jc
 from ref_torch import clipping as tc
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from conformance.cli import main
-from conformance.compare_runs import DEFAULT_TOLERANCE, Tolerance, close, compare_runs
-from conformance.spec import dump_config, load_config
+from conformance.config import dump_config, load_config
+from conformance.rules.tolerance import Tolerance, default_tolerance
+from conformance.run.compare import close, compare_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,8 +110,8 @@ def test_missing_updates_and_config_differences_are_reported(tmp_path: Path, cap
 def test_default_tolerance_follows_the_dtype(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", base(), dtype="float32")
     b = write_run(tmp_path / "b", base(), dtype="float64")
-    assert compare_runs(a, b).tolerance == DEFAULT_TOLERANCE["float32"]  # the looser of the two
-    assert close(1.0, 1.0 + 1e-4, Tolerance(2e-4, 0.0))[0] and not close(1.0, 1.0 + 3e-4, Tolerance(2e-4, 0.0))[0]
+    assert compare_runs(a, b).tolerance == default_tolerance("float32", "run")  # the looser of the two
+    assert close(1.0, 1.0 + 1e-4, Tolerance(0.0, 2e-4))[0] and not close(1.0, 1.0 + 3e-4, Tolerance(0.0, 2e-4))[0]
     assert close(None, None, Tolerance(0, 0))[0] and not close(math.nan, math.inf, Tolerance(1, 1))[0]
 
 

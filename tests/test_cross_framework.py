@@ -1,6 +1,6 @@
 """The same config trained by the torch trainer (the reference: the production path) and the JAX
 trainer gives the same run, update by update: loss, every group's lr and the pre-clip grad norm
-within the dtype's tolerance, identical skips and loss scales (conformance.compare_runs).
+within the dtype's tolerance, identical skips and loss scales (conformance.run.compare).
 
 - float64 (every bundled config with precision.dtype = "float64"): ≤ 1e-10 relative, the issue's
   bound; measured ≤ 6e-14 over the full bundled runs (docs/jax_trainer.md).
@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from conformance.compare_runs import DEFAULT_TOLERANCE, compare_runs, describe_failure
-from conformance.metrics import read_metrics, updates
-from conformance.spec import load_config
+from conformance.config import load_config
+from conformance.rules.tolerance import default_tolerance
+from conformance.run.compare import compare_runs, describe_failure
+from conformance.run.metrics import read_metrics, updates
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = ['precision.dtype="float64"']
@@ -68,7 +69,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_float64_runs_agree_to_1e_10(runs: Any, name: str) -> None:
     a, b = runs(name, "float64")
     result = compare_runs(a, b)
-    assert result.tolerance == DEFAULT_TOLERANCE["float64"]
+    assert result.tolerance == default_tolerance("float64", "run")
     assert result.passed, describe_failure(result.first_failure) if result.first_failure else result.problems
     assert len(result.rows) == len(updates(read_metrics(a / "metrics.jsonl"))) > 0
     assert max(result.max_rel.values()) <= PINNED64.get(name, 1e-12), result.max_rel

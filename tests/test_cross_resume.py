@@ -4,7 +4,7 @@ is the torch run's continuation; a JAX checkpoint resumes in the torch trainer, 
 The run carries every kind of state across the switch: AdamW moments and per-parameter counts,
 a cosine schedule held by a skipped update (the position is not the update count), the dynamic
 loss scale after a backoff, the skip counters, incomplete accumulation windows and an epoch
-boundary. float64, so "the same trajectory" means ≤ 1e-10 relative (conformance.compare_runs).
+boundary. float64, so "the same trajectory" means ≤ 1e-10 relative (conformance.run.compare).
 Negative control: a JAX resume that forgets the optimizer state, the loss scale or the schedule
 position of a torch checkpoint fails the same comparison.
 """
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from conformance import checkpoint as ck
-from conformance.compare_runs import compare_runs, describe_failure
-from conformance.spec import load_config
+from conformance.config import load_config
+from conformance.run.compare import compare_runs, describe_failure
 
 SPLIT, TOTAL = 5, 12
 CONFIG = {

@@ -10,13 +10,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.data import (Batch, DataPipeline, Window, batch_hash, check_split, digits_raw, planned_updates,
-                              updates_per_epoch)
+from conformance.config import dump_config, load_config
+from conformance.data import (
+    Batch,
+    DataPipeline,
+    Window,
+    batch_hash,
+    check_split,
+    digits_raw,
+    planned_updates,
+    sampling,
+    updates_per_epoch,
+)
 from conformance.data import datasets as ds_mod
-from conformance.data import sampling
 from conformance.data.sampling import epoch_order, window_micro_batches
 from conformance.errors import CheckpointError, ConfigError, InputError
-from conformance.spec import dump_config, load_config
 
 
 def pipeline(config: dict, rank: int = 0, world: int = 1) -> DataPipeline:

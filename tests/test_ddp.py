@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from resume_support import differences
 
 from conformance import checkpoint as ck
-from conformance.metrics import evals, read_metrics, updates
-from conformance.spec import load_config
-from resume_support import differences
+from conformance.config import load_config
+from conformance.run.metrics import evals, read_metrics, updates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +168,7 @@ if os.environ.get("PROBE_DISABLE_RELEASE"):  # the negative control: the group's
     _distributed._release_dtensor_caches = lambda: None
     _distributed.gc = type("nogc", (), {"collect": staticmethod(lambda: 0)})
 from ref_torch.trainer import train
-from conformance.spec import load_config
+from conformance.config import load_config
 train(load_config(sys.argv[1], sys.argv[3:]), sys.argv[2], progress="none")
 names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 with open(f"{sys.argv[2]}-threads-{os.environ['RANK']}.txt", "w") as f:  # ranks share stdout

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conformance import checkpoint as ck
-from conformance.compare_runs import compare_runs, describe_failure
+from conformance.run.compare import compare_runs, describe_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """
@@ -83,9 +83,9 @@ def test_two_devices_equal_one(tmp_path: Path, normalize: str) -> None:
 
 SHARDING_PROBE = """
 import numpy as np, jax
-from conformance.spec import load_config
+from conformance.config import load_config
 from conformance.data import DataPipeline
-from conformance import training as tr
+from conformance.run.batches import window_counts
 from ref_jax._sharding import placement
 from ref_jax._window import WindowLayout, rows_for
 cfg = load_config({"data": {"name": "binary_blobs", "n_samples": 300, "batch_size": 31}, "accumulation": {"steps": 3}})
@@ -93,7 +93,7 @@ data = DataPipeline(cfg)
 place = placement("cpu")
 layout = WindowLayout(3, rows_for(31, place.count), np.float32, np.int32, np.float32)
 w = data.window(0)
-arrays = place.put_batch(layout.pad(w, tr.window_counts(cfg, w)), axis=1)
+arrays = place.put_batch(layout.pad(w, window_counts(cfg, w)), axis=1)
 x = arrays["x"]
 shards = x.addressable_shards
 print(place.count, x.shape, sorted({s.data.shape for s in shards}), len({s.device for s in shards}),

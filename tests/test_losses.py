@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.config.loss import LossSpec
 from conformance.errors import InputError
 from conformance.harness.arrays import round_to
 from conformance.harness.backends import Backend
-from conformance.harness.case import DEFAULT_TOLERANCE
 from conformance.harness.compare import compare
-from conformance.spec.loss import LossSpec
+from conformance.rules.tolerance import default_tolerance
 
 FRAMEWORKS = ("torch", "jax")
 
@@ -79,7 +79,7 @@ def loss_problem(draw):
 
 
 def _tolerance(dtype: str) -> tuple[float, float]:
-    return DEFAULT_TOLERANCE[dtype]
+    return default_tolerance(dtype)
 
 
 @given(loss_problem(), st.sampled_from(["float64", "float32"]))

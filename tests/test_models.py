@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from conformance.config import load_config
+from conformance.config.model import ModelSpec
 from conformance.data import DataPipeline
 from conformance.errors import InputError, UnsupportedError
 from conformance.harness.backends import Backend
 from conformance.models import flops_per_token, init_params, param_count, param_shapes
 from conformance.oracle import models as oracle
-from conformance.spec import load_config
-from conformance.spec.model import ModelSpec
 from ref_jax import models as jm
 from ref_jax.backend import context as jax_context
 from ref_torch import models as tm

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import accumulation as oracle
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
 
 CASES = {c.id: c for c in load_cases(only=["accumulate/*"])}
 

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conformance.config.clip import ClipSpec
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import clipping as oracle
-from conformance.spec.clip import ClipSpec
 
 CASES = {c.id: c for c in load_cases(only=["clip/*"])}
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conformance.config.loss import LossSpec
 from conformance.harness.backends import Backend, PatchedBackend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
-from conformance.spec.loss import LossSpec
-from conformance.validate import check_loss_inputs
+from conformance.rules.inputs import check_loss_inputs
 
 CASES = {c.id: c for c in load_cases(only=["loss/*"])}
 

@@ -8,16 +8,29 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_port_support import SHAPES, float64_default, initial, native_run, on_backends, parameters
+from test_port_support import (
+    SHAPES,
+    float64_default,
+    initial,
+    native_run,
+    on_backends,
+    parameters,
+)
 
+from conformance.config import load_config
 from conformance.harness.backends import Backend
 from conformance.port import from_optax, from_torch
-from conformance.port.check import Trace, compare, gradient_stream, run_backend, run_snippet
-from conformance.port.native import run_native_optax, run_native_torch
-from conformance.port.code_optax import optax_code
-from conformance.port.code_torch import torch_code
-from conformance.port.weights import check, import_weights
-from conformance.spec import load_config
+from conformance.port.read.weights import check, import_weights
+from conformance.port.verify.native import run_native_optax, run_native_torch
+from conformance.port.verify.traces import (
+    Trace,
+    compare,
+    gradient_stream,
+    run_backend,
+    run_snippet,
+)
+from conformance.port.write.optax_code import optax_code
+from conformance.port.write.torch_code import torch_code
 
 
 def caught(spec: dict, values: dict, windows: list, want: Trace, position: int = 0) -> None:

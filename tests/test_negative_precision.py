@@ -14,16 +14,16 @@ import numpy as np
 import optax
 import pytest
 import torch
+from test_update_path import F64, assert_trace_close, make_data, run_torch, seed_loop
 
+from conformance.config.clip import ClipSpec
+from conformance.config.precision import PrecisionSpec
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import precision as oracle
-from conformance.spec.clip import ClipSpec
-from conformance.spec.precision import PrecisionSpec
 from ref_torch import clipping as tc
 from ref_torch import precision as tp
-from test_update_path import F64, assert_trace_close, make_data, run_torch, seed_loop
 
 CASES = {c.id: c for c in load_cases(only=["loss_scale/*"])}
 

@@ -1,4 +1,4 @@
-"""Neutral optimizer state (CONTRACT.md §4): names, export/import round trips, bit-identical
+"""Neutral optimizer state (docs/contract.md §4): names, export/import round trips, bit-identical
 continuation after a reload, and a run handed from torch to JAX (and back) mid-way."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from test_optimizers_support import spec_of
 
+from conformance.config.optimizer import OPTIMIZER_NAMES
 from conformance.errors import InputError
-from conformance.params import resolve_groups, state_shapes
-from conformance.spec.optimizer import OPTIMIZER_NAMES
+from conformance.rules.groups import resolve_groups
+from conformance.rules.state import state_shapes
 from ref_jax import optimizers as jo
 from ref_jax.backend import context
 from ref_torch import optimizers as to
-from test_optimizers_support import spec_of
 
 OPTIONS = {"sgd": {"momentum": 0.9, "dampening": 0.2}, "adam": {"amsgrad": True}, "rmsprop": {"centered": True, "momentum": 0.5},
            "adagrad": {"lr_decay": 0.1}, "nadam": {"weight_decay": 0.1}, "muon": {"ns_dtype": "float64"},

@@ -11,15 +11,15 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_optimizers_support import BACKENDS, random_spec, run_all, spec_of, worst
 
+from conformance.config import load_config
+from conformance.config.optimizer import DEFAULTS, OPTIMIZER_NAMES, OptimizerSpec
 from conformance.errors import ConfigError, InputError
 from conformance.oracle import optimizers as oracle
-from conformance.params import group_layout, resolve_groups
-from conformance.spec import load_config
-from conformance.spec.optimizer import DEFAULTS, OPTIMIZER_NAMES, OptimizerSpec
+from conformance.rules.groups import group_layout, resolve_groups
 from ref_jax import optimizers as jo
 from ref_torch import optimizers as to
-from test_optimizers_support import BACKENDS, random_spec, run_all, spec_of, worst
 
 TORCH_CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
                  "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax,
@@ -89,7 +89,7 @@ def test_spec_errors_name_the_field(table: dict, message: str) -> None:
 def test_resolved_config_round_trips(name: str) -> None:
     import tomllib
 
-    from conformance.spec import dump_config
+    from conformance.config import dump_config
 
     config = load_config({"optimizer": {"name": name, "groups": [{"params": ["*"], "lr": 0.5}]}})
     assert load_config(tomllib.loads(dump_config(config))) == config

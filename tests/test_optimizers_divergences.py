@@ -167,8 +167,9 @@ def test_muon_in_optax_contrib_is_another_algorithm() -> None:
 
 
 def test_torch_muon_runs_newton_schulz_in_bfloat16() -> None:
-    from ref_torch._muon import newton_schulz
     from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from ref_torch._muon import newton_schulz
 
     g = torch.tensor(RNG.standard_normal((6, 5)))
     coeffs = (3.4445, -4.7750, 2.0315)

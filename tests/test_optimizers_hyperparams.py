@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_optimizers_support import spec_of
 
 from conformance.errors import ConfigError
 from conformance.oracle import optimizers as oracle
-from conformance.params import resolve_groups
+from conformance.rules.groups import resolve_groups
 from ref_jax import optimizers as jo
 from ref_torch import optimizers as to
-from test_optimizers_support import spec_of
 
 
 @pytest.mark.parametrize(("name", "cycled"), [("sgd", "momentum"), ("adam", "betas"), ("rmsprop", "momentum"),

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from conformance.config import load_config
+from conformance.config.optimizer import OPTIMIZER_NAMES, OptimizerSpec
 from conformance.harness.backends import Backend
-from conformance.spec import load_config
-from conformance.spec.optimizer import OPTIMIZER_NAMES, OptimizerSpec
 
 BACKENDS = ("torch", "jax", "oracle")
 

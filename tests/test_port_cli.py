@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.checkpoint_io import load_tensors
+from conformance.checkpoint.files import load_tensors
 from conformance.cli import main
-from conformance.spec import load_config
+from conformance.config import load_config
 from ref_torch import models as tmodels
 
 CONFIG = """

@@ -14,14 +14,20 @@ import numpy as np
 import pytest
 import torch
 
+from conformance.config import Config, load_config
 from conformance.harness.backends import Backend
-from conformance.params import resolve_groups
 from conformance.port import from_torch
-from conformance.port.check import (compare, float64_variant, gradient_stream, run_backend, run_snippet,
-                                    self_check)
-from conformance.port.code_optax import optax_code
-from conformance.port.code_torch import torch_code
-from conformance.spec import Config, load_config
+from conformance.port.verify.traces import (
+    compare,
+    float64_variant,
+    gradient_stream,
+    run_backend,
+    run_snippet,
+    self_check,
+)
+from conformance.port.write.optax_code import optax_code
+from conformance.port.write.torch_code import torch_code
+from conformance.rules.groups import resolve_groups
 
 SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3), "head.bias": (2,)}
 F64 = {"dtype": "float64"}

@@ -16,16 +16,15 @@ from test_port_support import float64_default
 
 from conformance import tomlio
 from conformance.cli import main
+from conformance.config import load_config
+from conformance.config.model import ModelSpec
 from conformance.harness.backends import Backend
-from conformance.params import resolve_groups
 from conformance.port import from_optax, from_torch
-from conformance.port.check import compare, gradient_stream, run_snippet
-from conformance.port.native import run_native_optax, run_native_torch
-from conformance.port.code_optax import optax_code
-from conformance.port.code_torch import torch_code
-from conformance.spec import load_config
-from conformance.spec.model import ModelSpec
-from conformance.spec.schedule import group_base_lrs
+from conformance.port.verify.native import run_native_optax, run_native_torch
+from conformance.port.verify.traces import compare, gradient_stream, run_snippet
+from conformance.port.write.optax_code import optax_code
+from conformance.port.write.torch_code import torch_code
+from conformance.rules.groups import group_base_lrs, resolve_groups
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 F64 = {"precision": {"dtype": "float64"}}

@@ -1,6 +1,6 @@
 """from_optax: an optax-flavoured description as the neutral spec, keeping optax's semantics. The
 reference is optax itself: the same description is built into optax's own transforms and schedules
-(conformance.port.check.build_optax, float64 counts) and run on the same gradient stream; twinstep's
+(conformance.port.verify.traces.build_optax, float64 counts) and run on the same gradient stream; twinstep's
 torch and JAX backends must follow it at every update (1e-12 abs, 1e-10 rel)."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import inspect
 import optax
 import pytest
 
+from conformance.config import load_config
 from conformance.errors import ConfigError, UnsupportedError
 from conformance.harness.backends import Backend
 from conformance.port import from_optax
-from conformance.port.check import compare, gradient_stream, run_backend
-from conformance.port.native import run_native_optax
-from conformance.port.optax_desc import REQUIRED, TRANSFORMS
-from conformance.port.optax_sched import SCHEDULES
-from conformance.spec import load_config
+from conformance.port.read.optax_desc import REQUIRED, TRANSFORMS
+from conformance.port.read.optax_sched import SCHEDULES
+from conformance.port.verify.native import run_native_optax
+from conformance.port.verify.traces import compare, gradient_stream, run_backend
 
 SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3)}
 WARMUP_COSINE = {"warmup_cosine_decay_schedule": {"init_value": 0.0, "peak_value": 0.05, "warmup_steps": 3,

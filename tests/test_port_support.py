@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from torch.optim import lr_scheduler as sched
 
+from conformance.config import Config, load_config
 from conformance.harness.backends import Backend
 from conformance.port import from_torch
-from conformance.port.check import Trace, gradient_stream, run_backend
-from conformance.port.native import run_native_torch
-from conformance.spec import Config, load_config
+from conformance.port.verify.native import run_native_torch
+from conformance.port.verify.traces import Trace, gradient_stream, run_backend
 
 SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3), "head.bias": (2,)}
 MATRICES = {"enc.weight": (3, 4), "head.weight": (2, 3)}  # Muon takes 2-D parameters only

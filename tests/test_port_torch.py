@@ -12,15 +12,24 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_port_support import (OPTIMIZERS, SCHEDULERS, config_of, float64_default, initial, native_run,
-                               on_backends, optimizer, parameters)
+from test_port_support import (
+    OPTIMIZERS,
+    SCHEDULERS,
+    config_of,
+    float64_default,
+    initial,
+    native_run,
+    on_backends,
+    optimizer,
+    parameters,
+)
 from torch.optim import lr_scheduler as sched
 
 from conformance.errors import ConfigError, UnsupportedError
 from conformance.port import from_torch
-from conformance.port.check import compare, gradient_stream
-from conformance.port.native import run_native_torch
-from conformance.port.patterns import cover, owner
+from conformance.port.read.patterns import cover, owner
+from conformance.port.verify.native import run_native_torch
+from conformance.port.verify.traces import compare, gradient_stream
 
 
 def assert_same(spec: dict, position: int, values: dict, windows: list, want) -> None:
@@ -220,7 +229,7 @@ def test_cover_finds_short_patterns_that_select_exactly_the_group() -> None:
 
 
 def test_conformance_port_imports_neither_torch_nor_jax() -> None:
-    code = ("import sys, conformance.port, conformance.port.check, conformance.port.code_torch, "
-            "conformance.port.code_optax, conformance.port.weights, conformance.cli.port; "
+    code = ("import sys, conformance.port, conformance.port.verify.traces, conformance.port.write.torch_code, "
+            "conformance.port.write.optax_code, conformance.port.read.weights, conformance.cli.port; "
             "bad = [m for m in ('torch', 'jax', 'optax', 'flax') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

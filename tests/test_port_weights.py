@@ -14,12 +14,12 @@ import pytest
 import torch
 from flax.serialization import msgpack_serialize
 
-from conformance.checkpoint_io import save_tensors
+from conformance.checkpoint.files import save_tensors
+from conformance.config.model import ModelSpec
 from conformance.errors import InputError
 from conformance.harness.backends import Backend
 from conformance.models import param_shapes
-from conformance.port.weights import import_weights
-from conformance.spec.model import ModelSpec
+from conformance.port.read.weights import import_weights
 from ref_torch import checkpoint as tck
 from ref_torch import models as tmodels
 

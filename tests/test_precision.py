@@ -13,10 +13,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.config import load_config
+from conformance.config.precision import PrecisionSpec
 from conformance.errors import ConfigError, InputError, NonFiniteError
 from conformance.oracle import precision as oracle
-from conformance.spec import load_config
-from conformance.spec.precision import PrecisionSpec
 from ref_jax import precision as jp
 from ref_torch import precision as tp
 

@@ -9,7 +9,7 @@ every 4 updates with retention. It crosses epoch boundaries.
 - Real processes: `python -m conformance train` is killed with SIGKILL at a random moment after
   training has begun (a few in CI, 24 with -m slow), sometimes twice, and resumed with --resume
   until it finishes; and killed at named points: inside an accumulation window
-  (TWINSTEP_TRAIN_FAULT) and inside a save (TWINSTEP_CHECKPOINT_FAULT).
+  (a micro_batch event) and inside a save (a checkpoint event).
 - Negative controls (in-process, fast): a resume that forgets the RNG, the optimizer state, the
   loss scale, the schedule position or the data position must fail the same check.
 """
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resume_support import differences, write_config
+from support.faults import fault_args
 
 from conformance import checkpoint as ck
-from conformance.spec import load_config
-from resume_support import differences, write_config
+from conformance.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 48
@@ -42,10 +43,11 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def start(config: Path, out: Path, resume: bool, **extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "conformance", "train", str(config), "--backend", "torch", "--out", str(out),
+def start(config: Path, out: Path, resume: bool, fault: tuple[str, dict[str, Any]] | None = None) -> subprocess.Popen:
+    head = fault_args(fault[0], **fault[1]) if fault else [sys.executable, "-m", "conformance"]
+    cmd = [*head, "train", str(config), "--backend", "torch", "--out", str(out),
            "--progress", "none"] + (["--resume"] if resume else [])
-    return subprocess.Popen(cmd, env=env(**extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def finish(config: Path, out: Path, attempts: int = 4) -> None:
@@ -106,17 +108,17 @@ def test_random_sigkill_then_resume_is_bit_exact_long(reference, tmp_path: Path,
     assert kill_trial(reference, tmp_path / "run", seed) == []
 
 
-FAULTS = [("TWINSTEP_TRAIN_FAULT", "9:1"),              # inside update 9's window, after its first micro-batch
-          ("TWINSTEP_CHECKPOINT_FAULT", "before_manifest"),
-          ("TWINSTEP_CHECKPOINT_FAULT", "during_retention")]
-MORE_FAULTS = [("TWINSTEP_TRAIN_FAULT", "0:0"), ("TWINSTEP_TRAIN_FAULT", "47:1"),
-               ("TWINSTEP_CHECKPOINT_FAULT", "after_first_file"), ("TWINSTEP_CHECKPOINT_FAULT", "after_manifest"),
-               ("TWINSTEP_CHECKPOINT_FAULT", "after_rename")]
+FAULTS = [("micro_batch", {"update": 9, "index": 1}),  # inside update 9's window, after its first micro-batch
+          ("checkpoint", {"stage": "before_manifest"}),
+          ("checkpoint", {"stage": "during_retention"})]
+MORE_FAULTS = [("micro_batch", {"update": 0, "index": 0}), ("micro_batch", {"update": 47, "index": 1}),
+               ("checkpoint", {"stage": "after_first_file"}), ("checkpoint", {"stage": "after_manifest"}),
+               ("checkpoint", {"stage": "after_rename"})]
 
 
-def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point: str) -> list[str]:
+def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point: dict[str, Any]) -> list[str]:
     config, ref, _ = reference
-    proc = start(config, out, resume=False, **{name: point})
+    proc = start(config, out, resume=False, fault=(name, point))
     proc.communicate(timeout=300)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(config, out)
@@ -124,13 +126,13 @@ def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point
 
 
 @pytest.mark.parametrize(("name", "point"), FAULTS)
-def test_crash_at_named_point_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: str) -> None:
+def test_crash_at_named_point_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: dict[str, Any]) -> None:
     assert fault_trial(reference, tmp_path / "run", name, point) == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "point"), MORE_FAULTS)
-def test_crash_at_more_points_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: str) -> None:
+def test_crash_at_more_points_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: dict[str, Any]) -> None:
     assert fault_trial(reference, tmp_path / "run", name, point) == []
 
 

@@ -8,8 +8,8 @@ dynamic loss scaling with injected overflows, a checkpoint every 4 updates with 
 
 - Real processes: `python -m conformance train --backend jax` is killed with SIGKILL at a random
   moment of training (a few in CI, 20 with -m slow), sometimes twice, and resumed until it
-  finishes; and killed at named points: while the device computes an update (TWINSTEP_TRAIN_FAULT;
-  the whole window is one compiled call) and inside a save (TWINSTEP_CHECKPOINT_FAULT). The
+  finishes; and killed at named points: while the device computes an update (a micro_batch event;
+  the whole window is one compiled call) and inside a save (a checkpoint event). The
   processes share a persistent XLA compilation cache (a restart loads the compiled step instead of
   compiling it again: the same executable, so the same bits).
 - Negative controls (in-process): a resume that forgets the optimizer state, the loss scale, the
@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resume_support import differences, write_config
+from support.faults import fault_args
 
 from conformance import checkpoint as ck
-from conformance.spec import load_config
-from resume_support import differences, write_config
+from conformance.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 40
@@ -47,11 +48,12 @@ def env(cache: Path, **extra: str) -> dict[str, str]:
     return e
 
 
-def start(config: Path, out: Path, resume: bool, **extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "conformance", "train", str(config), "--backend", "jax", "--out", str(out),
+def start(config: Path, out: Path, resume: bool, fault: tuple[str, dict[str, Any]] | None = None) -> subprocess.Popen:
+    head = fault_args(fault[0], **fault[1]) if fault else [sys.executable, "-m", "conformance"]
+    cmd = [*head, "train", str(config), "--backend", "jax", "--out", str(out),
            "--progress", "none"] + (["--resume"] if resume else [])
     cache = config.parent / "xla-cache"
-    return subprocess.Popen(cmd, env=env(cache, **extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def finish(config: Path, out: Path) -> None:
@@ -111,16 +113,16 @@ def test_random_sigkill_then_resume_is_bit_exact_long(reference, tmp_path: Path,
     assert kill_trial(reference, tmp_path / "run", seed) == []
 
 
-FAULTS = [("TWINSTEP_TRAIN_FAULT", "9:0"),  # while the device computes update 9 (mid-window)
-          ("TWINSTEP_CHECKPOINT_FAULT", "before_manifest")]
-MORE_FAULTS = [("TWINSTEP_TRAIN_FAULT", "0:0"), ("TWINSTEP_TRAIN_FAULT", f"{UPDATES - 1}:0"),
-               ("TWINSTEP_CHECKPOINT_FAULT", "during_retention"), ("TWINSTEP_CHECKPOINT_FAULT", "after_first_file"),
-               ("TWINSTEP_CHECKPOINT_FAULT", "after_manifest"), ("TWINSTEP_CHECKPOINT_FAULT", "after_rename")]
+FAULTS = [("dispatched", {"update": 9}),  # while the device computes update 9 (mid-window)
+          ("checkpoint", {"stage": "before_manifest"})]
+MORE_FAULTS = [("dispatched", {"update": 0}), ("dispatched", {"update": UPDATES - 1}),
+               ("checkpoint", {"stage": "during_retention"}), ("checkpoint", {"stage": "after_first_file"}),
+               ("checkpoint", {"stage": "after_manifest"}), ("checkpoint", {"stage": "after_rename"})]
 
 
-def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point: str) -> list[str]:
+def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point: dict[str, Any]) -> list[str]:
     config, ref, _ = reference
-    proc = start(config, out, resume=False, **{name: point})
+    proc = start(config, out, resume=False, fault=(name, point))
     proc.communicate(timeout=600)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(config, out)
@@ -128,13 +130,13 @@ def fault_trial(reference: tuple[Path, Path, float], out: Path, name: str, point
 
 
 @pytest.mark.parametrize(("name", "point"), FAULTS)
-def test_crash_at_named_point_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: str) -> None:
+def test_crash_at_named_point_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: dict[str, Any]) -> None:
     assert fault_trial(reference, tmp_path / "run", name, point) == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "point"), MORE_FAULTS)
-def test_crash_at_more_points_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: str) -> None:
+def test_crash_at_more_points_then_resume_is_bit_exact(reference, tmp_path: Path, name: str, point: dict[str, Any]) -> None:
     assert fault_trial(reference, tmp_path / "run", name, point) == []
 
 

@@ -16,8 +16,9 @@ import optax
 import pytest
 import torch
 
-from conformance.spec import load_config
-from conformance.spec.schedule import SCHEDULE_NAMES, group_base_lrs
+from conformance.config import load_config
+from conformance.config.schedule import SCHEDULE_NAMES
+from conformance.rules.groups import group_base_lrs
 from ref_jax.schedules import build_schedules
 from ref_torch.schedules import PerEpochLR, build_scheduler
 

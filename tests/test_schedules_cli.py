@@ -9,10 +9,11 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
+from conformance import data
 from conformance.cli import main
 from conformance.cli import plot as plot_cli
 from conformance.cli import schedule as schedule_cli
-from conformance.spec import load_config
+from conformance.config import load_config
 
 CONFIG = """
 [optimizer]
@@ -75,7 +76,7 @@ def test_schedule_epoch_unit_needs_updates_per_epoch(tmp_path: Path, capsys: pyt
 
 def test_planned_updates_prefers_run_max_updates() -> None:
     config = load_config({"run": {"max_updates": 77}})
-    assert schedule_cli.planned_updates(config) == 77
+    assert data.planned_updates(config) == 77
 
 
 def test_plot_schedule_writes_png_with_both_backends(config_file: Path, tmp_path: Path,

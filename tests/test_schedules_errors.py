@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.config import load_config
 from conformance.errors import ConfigError, InputError
 from conformance.harness.backends import Backend
-from conformance.spec import load_config
-from conformance.spec.schedule import check_run_length
+from conformance.rules.schedules import check_run_length
 
 # (schedule table, text the one-line ConfigError must contain)
 SPEC_ERRORS = [

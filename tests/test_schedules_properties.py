@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conformance.config import load_config
+from conformance.config.schedule import SCHEDULE_NAMES
 from conformance.harness.backends import Backend
 from conformance.harness.compare import compare
 from conformance.oracle.schedules import schedule_values as oracle_values
-from conformance.spec import load_config
-from conformance.spec.schedule import SCHEDULE_NAMES, group_base_lrs
+from conformance.rules.groups import group_base_lrs
 
-ATOL, RTOL = 1e-12, 1e-10  # CONTRACT.md §3 float64
+ATOL, RTOL = 1e-12, 1e-10  # docs/contract.md §3 float64
 PARTS = [n for n in SCHEDULE_NAMES if n not in ("onecycle", "sequential")]
 
 

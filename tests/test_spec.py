@@ -10,8 +10,14 @@ from typing import Any
 
 import pytest
 
+from conformance.config import (
+    Config,
+    apply_overrides,
+    dump_config,
+    load_config,
+    parse_value,
+)
 from conformance.errors import ConfigError
-from conformance.spec import Config, apply_overrides, dump_config, load_config, parse_value
 
 BAD_VALUES: list[Any] = ["text", "1e-3", -1, -1.5, 1e30, math.nan, math.inf, True, [1, 2, 3], {"x": 1}, 0]
 

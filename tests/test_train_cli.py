@@ -1,5 +1,5 @@
 """`twinstep train` end to end: the bundled configs reach their targets, metrics lines carry the
-CONTRACT.md §5 keys, the resolved config reproduces the run, and bad input is one line, exit 2,
+docs/contract.md §5 keys, the resolved config reproduces the run, and bad input is one line, exit 2,
 with nothing already saved lost (a tampered checkpoint, an occupied output directory, a bad --set)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from conformance import checkpoint as ck
 from conformance.cli import main
-from conformance.metrics import EVAL_KEYS, UPDATE_KEYS, evals, read_metrics, updates
-from conformance.spec import dump_config, load_config
+from conformance.config import dump_config, load_config
+from conformance.run.metrics import EVAL_KEYS, UPDATE_KEYS, evals, read_metrics, updates
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -1,4 +1,4 @@
-"""The JAX trainer on its own: files and metrics as CONTRACT.md §5 says, torch's initial weights,
+"""The JAX trainer on its own: files and metrics as docs/contract.md §5 says, torch's initial weights,
 one compiled and donating step whose padded windows equal torch's unpadded accumulation, the
 numerics context scoped to the run, and one-line errors.
 
@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from conformance import checkpoint as ck
+from conformance.config import load_config
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.errors import CheckpointError, ConfigError, UnsupportedError
-from conformance.metrics import EVAL_KEYS, UPDATE_KEYS, read_metrics, updates
 from conformance.models import init_params
-from conformance.spec import load_config
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
+from conformance.run.metrics import EVAL_KEYS, UPDATE_KEYS, read_metrics, updates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_run_writes_the_contract_files(tmp_path: Path) -> None:
     assert sorted(u for u, _ in ck.list_checkpoints(out / "checkpoints")) == [4, 6]  # keep_last = 2
     state = ck.load_checkpoint(out / "checkpoints" / ck.step_name(6)).state
     assert set(state.model) == {"weight", "bias"} and state.model["weight"].dtype == np.float64
-    for name in ("weight", "bias"):  # CONTRACT.md §4: adamw's neutral names and a per-parameter count
+    for name in ("weight", "bias"):  # docs/contract.md §4: adamw's neutral names and a per-parameter count
         assert set(state.optimizer[name]) == {"m", "v", "step"} and int(state.optimizer[name]["step"]) == 6
         np.testing.assert_array_equal(state.model[name], result.params[name])
     assert state.meta["backend"] == "jax" and state.meta["optimizer_step"] == 6

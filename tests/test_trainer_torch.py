@@ -15,14 +15,19 @@ import torch
 import torch.nn.functional as F
 
 from conformance import checkpoint as ck
+from conformance.config import load_config
+from conformance.config.precision import PrecisionSpec
 from conformance.data import DataPipeline
-from conformance.errors import CheckpointError, ConfigError, NonFiniteError, TwinstepError
+from conformance.errors import (
+    CheckpointError,
+    ConfigError,
+    NonFiniteError,
+    TwinstepError,
+)
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_case
 from conformance.harness.runner import run_case
-from conformance.metrics import evals, read_metrics, updates
-from conformance.spec import load_config
-from conformance.spec.precision import PrecisionSpec
+from conformance.run.metrics import evals, read_metrics, updates
 from ref_torch import trainer as tr
 
 CASES = Path(__file__).resolve().parents[1] / "conformance" / "cases" / "train"
@@ -230,7 +235,7 @@ def test_schedule_stepped_on_skipped_updates_is_caught(monkeypatch: pytest.Monke
 
 
 def test_injection_ignored_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tr.training, "injected", lambda config, t: False)
+    monkeypatch.setattr(tr, "injected", lambda config, t: False)
     result = run_case(_case("fp16-injected-overflows"), Backend("torch"))
     assert not result.passed
 

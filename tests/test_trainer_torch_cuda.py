@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conformance import checkpoint as ck
-from conformance.metrics import evals, read_metrics, updates
-from conformance.spec import load_config
+from conformance.config import load_config
+from conformance.run.metrics import evals, read_metrics, updates
 from ref_torch import trainer as tr
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -20,11 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.clip import ClipSpec
+from conformance.config.loss import LossSpec
+from conformance.config.precision import PrecisionSpec
 from conformance.errors import NonFiniteError
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.clip import ClipSpec
-from conformance.spec.loss import LossSpec
-from conformance.spec.precision import PrecisionSpec
 from ref_jax import _update as jupd
 from ref_jax import accumulation as ja
 from ref_jax import losses as jl

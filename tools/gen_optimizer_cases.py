@@ -10,7 +10,7 @@ so that NAdam's mu_product is float64 too) and, where torch has no built-in, fro
 optax.amsgrad, optax.adagrad, optax.rmsprop with eps inside the square root, optax.nadam). Nothing
 here imports ref_torch, ref_jax or the oracle: the spec -> torch.optim translation below is this
 script's own, written from torch's constructor signatures. Each update's state is recorded under
-the neutral names of CONTRACT.md §4 (`step` counted per parameter as torch does; for SGD and Muon,
+the neutral names of docs/contract.md §4 (`step` counted per parameter as torch does; for SGD and Muon,
 which keep no count, by counting the updates a parameter received).
 """
 

@@ -132,7 +132,7 @@ def hand_case(out: Path, name: str, desc: str, schedule: dict[str, Any], fn: Cal
 def error_case(out: Path, name: str, desc: str, schedule: dict[str, Any], opt: dict[str, Any], steps: int,
                error: str, message: str) -> None:
     case = {"id": f"schedule/{name}", "kind": "schedule", "source": "twinstep's error contract "
-            "(CONTRACT.md §3: a case may expect an error class)", "description": desc,
+            "(docs/contract.md §3: a case may expect an error class)", "description": desc,
             "optimizer": opt, "schedule": schedule, "inputs": {"steps": steps},
             "expected": {"error": error, "message": message}}
     (out / f"{name}.toml").write_text(tomlio.dumps(case))

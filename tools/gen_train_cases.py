@@ -10,7 +10,7 @@ the initial weights, the shuffle) is re-derived here from the documented definit
 (docs/models.md: PCG64 streams keyed by purpose, the stable argsort of raw draws, torch's
 nn.Linear bounds). Per update the loop records the window loss, the lr of each group, whether the
 update was skipped (GradScaler's scale backed off) and the loss scale in force; the schedule is
-stepped only after applied updates (CONTRACT.md §2, schedule_on_skip = "hold"), per epoch when the
+stepped only after applied updates (docs/contract.md §2, schedule_on_skip = "hold"), per epoch when the
 schedule's unit is "epoch" (the seeds' placement).
 """
 
@@ -226,7 +226,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
         "float64", {}),
     "bf16-autocast": (
         "torch.autocast('cpu', bfloat16) over float32 master weights, AdamW, 6 updates; tolerance: the "
-        "bfloat16 default of CONTRACT.md §3 (a framework's bf16 kernels may round differently)",
+        "bfloat16 default of docs/contract.md §3 (a framework's bf16 kernels may round differently)",
         config(precision={"dtype": "bfloat16"}, run={"max_updates": 6, "epochs": 1}), "bfloat16", {}),
     "fp16-injected-overflows": (
         "seed 000's GradScaler loop in float16 autocast (float32 master weights): overflows injected at "

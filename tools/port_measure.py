@@ -18,15 +18,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_port_code import OPTIMIZERS as CODE_OPTIMIZERS  # noqa: E402
 from test_port_code import PATHS, SCHEDULES, _config, _values  # noqa: E402
 from test_port_optax import DESCRIPTIONS, SHAPES  # noqa: E402
-from test_port_support import OPTIMIZERS, SCHEDULERS, config_of, float64_default, native_run, on_backends  # noqa: E402
+from test_port_support import (  # noqa: E402
+    OPTIMIZERS,
+    SCHEDULERS,
+    config_of,
+    float64_default,
+    native_run,
+    on_backends,
+)
 
+from conformance.config import load_config  # noqa: E402
 from conformance.harness.backends import Backend  # noqa: E402
 from conformance.port import from_optax  # noqa: E402
-from conformance.port.check import compare, gradient_stream, run_backend, run_snippet  # noqa: E402
-from conformance.port.code_optax import optax_code  # noqa: E402
-from conformance.port.code_torch import torch_code  # noqa: E402
-from conformance.port.native import run_native_optax  # noqa: E402
-from conformance.spec import load_config  # noqa: E402
+from conformance.port.verify.native import run_native_optax  # noqa: E402
+from conformance.port.verify.traces import (  # noqa: E402
+    compare,
+    gradient_stream,
+    run_backend,
+    run_snippet,
+)
+from conformance.port.write.optax_code import optax_code  # noqa: E402
+from conformance.port.write.torch_code import torch_code  # noqa: E402
 
 
 def from_torch_errors() -> list[tuple[str, float]]:

@@ -1,4 +1,4 @@
-"""`twinstep compare DIR_A DIR_B`: do two runs agree update by update? (conformance/compare_runs.py)
+"""`twinstep compare DIR_A DIR_B`: do two runs agree update by update? (conformance/run/compare.py)
 
     twinstep compare runs/torch runs/jax                 # per-update table, summary, exit 1 beyond tolerance
     twinstep compare runs/torch runs/jax --rtol 1e-6 --atol 0 --plot curves.png --quiet
@@ -17,8 +17,14 @@ import warnings
 from pathlib import Path
 from typing import Any, TextIO
 
-from conformance.compare_runs import RunComparison, Tolerance, UpdateDiff, compare_runs, describe_failure
 from conformance.errors import ConfigError
+from conformance.rules.tolerance import Tolerance
+from conformance.run.compare import (
+    RunComparison,
+    UpdateDiff,
+    compare_runs,
+    describe_failure,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +48,7 @@ def _tolerance(args: argparse.Namespace) -> Tolerance | None:
             raise ConfigError(f"--{name} must be a finite number >= 0; received {value}")
     if args.rtol is None and args.atol is None:
         return None
-    return Tolerance(args.rtol if args.rtol is not None else 0.0, args.atol if args.atol is not None else 0.0)
+    return Tolerance(args.atol if args.atol is not None else 0.0, args.rtol if args.rtol is not None else 0.0)
 
 
 def _rel(x: float | None) -> str:

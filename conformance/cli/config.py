@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.spec import dump_config, load_config
+from conformance.config import dump_config, load_config
 
 
 def add_parser(sub: Any) -> None:

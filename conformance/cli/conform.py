@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
                    help="case files or directories (default: the bundled suite)")
     p.add_argument("--only", action="append", metavar="GLOB",
                    help="only case ids matching this glob, e.g. 'loss/*' (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (CONTRACT.md §3)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (docs/contract.md §3)")
     p.add_argument("--failures", action="store_true", help="print only the failed rows")
     p.set_defaults(run=run)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import ConfigError, TwinstepError
-from conformance.metrics import evals, read_metrics, updates
+from conformance.run.metrics import evals, read_metrics, updates
 
 
 def add_plot_parser(plots: Any) -> None:

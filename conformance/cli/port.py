@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance import tomlio
+from conformance.config import apply_overrides, dump_config, load_config, load_toml
 from conformance.errors import ConfigError, TwinstepError
-from conformance.spec import apply_overrides, dump_config, load_config, load_toml
 
 
 def add_parser(sub: Any) -> None:
@@ -73,8 +73,8 @@ def _code(args: argparse.Namespace) -> int:
     if args.to == "spec":  # the translated sections as written; a neutral config fully resolved
         text = tomlio.dumps(data) if translated else dump_config(config)
     else:
-        from conformance.port.code_optax import optax_code
-        from conformance.port.code_torch import torch_code
+        from conformance.port.write.optax_code import optax_code
+        from conformance.port.write.torch_code import torch_code
 
         upe = _updates_per_epoch(config, args.updates_per_epoch)
         make = torch_code if args.to == "torch" else optax_code
@@ -86,7 +86,7 @@ def _code(args: argparse.Namespace) -> int:
 
 
 def _check(config: Any, framework: str, make: Any, source: str, upe: int) -> None:
-    from conformance.port.check import self_check
+    from conformance.port.verify.traces import self_check
 
     err, message, n = self_check(config, framework, lambda cfg: make(cfg, source, upe), updates_per_epoch=upe)
     backend = "torch" if framework == "torch" else "jax"
@@ -101,8 +101,8 @@ def _weights(args: argparse.Namespace) -> int:
         raise ConfigError("usage: twinstep port weights SRC --config CONFIG -o OUT.safetensors")
     if not args.config or not args.output:
         raise ConfigError("port weights needs --config CONFIG (its [model]) and -o OUT.safetensors")
-    from conformance.checkpoint_io import save_tensors
-    from conformance.port.weights import import_weights
+    from conformance.checkpoint.files import save_tensors
+    from conformance.port.read.weights import import_weights
 
     config = load_config(args.config, args.set)
     dtype = args.dtype or config.precision.param_dtype

@@ -11,16 +11,18 @@ schedule's own length. `plot.py` draws the same values (`twinstep plot schedule`
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
+from conformance import data
+from conformance.config import Config, load_config
+from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError, TwinstepError
-from conformance.spec import Config, load_config
-from conformance.spec.schedule import ScheduleSpec, check_run_length, group_base_lrs
+from conformance.rules.groups import group_base_lrs, group_layout
+from conformance.rules.schedules import check_run_length
 
 BACKENDS = ("torch", "jax", "oracle")
 
@@ -44,37 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
 
 
-def _data_function(name: str) -> Any:
-    # the data pipeline is the single source of run lengths once it is installed
-    if importlib.util.find_spec("conformance.data") is None:
-        return None
-    import conformance.data as data
-
-    return getattr(data, name, None)
-
-
-def planned_updates(config: Config) -> int | None:
-    """Updates the run will make: the data pipeline's plan (run.max_updates, or epochs × updates per
-    epoch), or run.max_updates when the pipeline is not available; None when unknown."""
-    fn = _data_function("planned_updates")
-    if fn is not None:
-        return int(fn(config))
-    return config.run.max_updates
-
-
-def updates_per_epoch(config: Config) -> int | None:
-    """Optimizer updates per epoch from the data and accumulation settings (None when unknown)."""
-    fn = _data_function("updates_per_epoch")
-    return None if fn is None else int(fn(config))
-
-
 def resolve(args: argparse.Namespace) -> tuple[Config, int, int, str]:
     """(config, steps, updates_per_epoch, where the number of steps came from) for the CLI."""
     config = load_config(args.config, args.set)
     spec = config.schedule
     upe = 1
     if spec.unit == "epoch":
-        upe = args.updates_per_epoch or updates_per_epoch(config) or 0
+        upe = args.updates_per_epoch or data.updates_per_epoch(config)
         if upe < 1:
             raise ConfigError("schedule.unit = 'epoch' needs the number of updates per epoch: pass "
                               "--updates-per-epoch N")
@@ -84,21 +62,12 @@ def resolve(args: argparse.Namespace) -> tuple[Config, int, int, str]:
         if args.steps < 1:
             raise ConfigError(f"--steps must be >= 1; received {args.steps}")
         return config, args.steps, upe, "--steps"
-    planned = planned_updates(config)
-    if planned is not None:
-        return config, planned, upe, "the planned run"
-    if spec.length is not None:
-        return config, spec.length * upe, upe, "the schedule's length"
-    raise ConfigError("the number of updates is unknown: pass --steps N or set run.max_updates")
+    return config, data.planned_updates(config), upe, "the planned run"
 
 
 def group_labels(optimizer: Any) -> list[str]:
-    """Labels of the param groups in lr-list order (conformance.params when available)."""
-    if importlib.util.find_spec("conformance.params") is not None:
-        from conformance.params import group_layout
-
-        return [g.label for g in group_layout(optimizer)]
-    return [f"groups[{i}]" for i in range(len(optimizer.groups))] + ["default"]
+    """Labels of the param groups in lr-list order."""
+    return [g.label for g in group_layout(optimizer)]
 
 
 def key_points(spec: ScheduleSpec) -> list[tuple[int, str]]:

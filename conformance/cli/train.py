@@ -1,11 +1,11 @@
-"""`twinstep train`: run a training config on a backend (CONTRACT.md §5).
+"""`twinstep train`: run a training config on a backend (docs/contract.md §5).
 
     twinstep train [CONFIG] --backend torch|jax --out DIR [--resume] [--set section.key=VALUE ...]
     torchrun --nproc_per_node 2 -m conformance train CONFIG --backend torch --out DIR   # DDP
 
 No CONFIG = the built-in default (binary_blobs, the seeds' MLP, AdamW; seconds on a laptop CPU).
 The backend's `ref_<backend>.trainer.train(config, out_dir, resume=..., rank=..., world_size=...,
-progress=...)` does the work; this module only parses arguments and prints a summary line.
+progress=..., events=...)` does the work; this module only parses arguments and prints a summary line.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import importlib
 import sys
 from typing import Any
 
+from conformance.config import load_config
 from conformance.errors import UnsupportedError
 from conformance.harness.backends import PACKAGES
-from conformance.spec import load_config
+from conformance.run.events import Events
 
 FRAMEWORKS = tuple(b for b in PACKAGES if b != "oracle")
 FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "optax", "flax")
@@ -54,10 +55,10 @@ def trainer(backend: str) -> Any:
     return module.train
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, events: Events | None = None) -> int:
     config = load_config(args.config, args.overrides)
     train = trainer(args.backend)
-    result = train(config, args.out, resume=args.resume, progress=args.progress)
+    result = train(config, args.out, resume=args.resume, progress=args.progress, events=events)
     if getattr(result, "out_dir", None) is not None and _is_main():
         where = f"; checkpoint {result.checkpoint}" if result.checkpoint else ""
         loss = f", last loss {result.losses[-1]:.6g}" if result.losses else ""

@@ -21,10 +21,10 @@ from typing import Literal
 
 import numpy as np
 
+from conformance.config.data import DataSpec
 from conformance.data.sampling import fingerprint, random_order, stream
 from conformance.errors import ConfigError, InputError
-from conformance.spec.data import DataSpec
-from conformance.validate import check_finite
+from conformance.rules.inputs import check_finite
 
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
 BLOB_FEATURES, BLOB_INFORMATIVE = 20, 5  # seed 000: x ~ N(0, 1)^20, label = sum(x[:5]) > 0

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from conformance.config import Config
 from conformance.data import sampling
 from conformance.data.datasets import DataInfo, Dataset, load_dataset
 from conformance.errors import CheckpointError, ConfigError
-from conformance.spec import Config
 
 
 class Batch(NamedTuple):

@@ -8,7 +8,7 @@ import numpy as np
 from pydantic import BeforeValidator, ConfigDict, PlainSerializer
 from pydantic_core import PydanticCustomError
 
-from conformance.spec.base import Section
+from conformance.config.base import Section
 
 DTYPES: dict[str, Any] = {
     "float64": np.float64,

@@ -1,4 +1,4 @@
-"""Conformance case files (CONTRACT.md §3): loading and strict validation.
+"""Conformance case files (docs/contract.md §3): loading and strict validation.
 
 A case is one TOML file: a header (id, kind, source, dtype, backends), the spec tables it needs
 (same schema as a training config), `[inputs]`, `[expected]` and an optional `[tolerance]`.
@@ -16,20 +16,14 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from conformance.config import SECTIONS, Config, load_toml
+from conformance.config.base import NonNegative, Section, validate
 from conformance.errors import CaseError, ConfigError
-from conformance.spec import SECTIONS, Config, load_toml
-from conformance.spec.base import NonNegative, Section, validate
+from conformance.rules.tolerance import default_tolerance
 
 KINDS: tuple[str, ...] = ("loss", "schedule", "optimizer", "clip", "accumulate", "loss_scale", "train")
 BACKENDS: tuple[str, ...] = ("torch", "jax", "oracle")
 CASE_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
-
-DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {  # dtype -> (atol, rtol), CONTRACT.md §3
-    "float64": (1e-12, 1e-10),
-    "float32": (1e-6, 1e-5),
-    "bfloat16": (1e-3, 1e-2),
-    "float16": (1e-3, 1e-2),
-}
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 
@@ -133,7 +127,7 @@ def parse_case(data: dict[str, Any], path: Path) -> Case:
     if header.tolerance is not None:
         atol, rtol = header.tolerance.atol, header.tolerance.rtol
     else:
-        atol, rtol = DEFAULT_TOLERANCE[header.dtype]
+        atol, rtol = default_tolerance(header.dtype)
     case = Case(
         id=header.id, kind=header.kind, source=header.source, path=path, dtype=header.dtype,
         backends=tuple(dict.fromkeys(header.backends)), sections=sections, inputs=inputs,

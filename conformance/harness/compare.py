@@ -1,4 +1,4 @@
-"""Tolerance comparison (CONTRACT.md §3): |got - want| <= atol + rtol * |want|, element-wise."""
+"""Tolerance comparison (docs/contract.md §3): |got - want| <= atol + rtol * |want|, element-wise."""
 
 from __future__ import annotations
 

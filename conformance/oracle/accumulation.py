@@ -1,4 +1,4 @@
-"""Gradient accumulation in NumPy float64, from the equations (see conformance.spec.accumulation).
+"""Gradient accumulation in NumPy float64, from the equations (see conformance.config.accumulation).
 
 The `accumulate` case model is linear: prediction = x @ w + b, params {w: (d_in, d_out), b: (d_out,)}.
 For a window of n micro-batches with loss outputs (value_j, sum_j, count_j):
@@ -7,73 +7,22 @@ For a window of n micro-batches with loss outputs (value_j, sum_j, count_j):
 
 and by the chain rule, with u_j = dL/dprediction_j,  dL/dw = Σ_j x_jᵀ u_j,  dL/db = Σ_j Σ_rows u_j.
 
-`prepare_windows` is the host-side part every backend shares: input checks (one InputError naming
-the micro-batch), the counts (known before any forward pass) and the split into windows.
+The host-side part every backend shares (input checks, counts, windows) is
+conformance.rules.windows.prepare_windows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from conformance.config.accumulation import AccumulationSpec
+from conformance.config.loss import LossSpec
 from conformance.errors import InputError
 from conformance.oracle.losses import loss_value_and_grad
-from conformance.spec.accumulation import AccumulationSpec
-from conformance.spec.loss import LossSpec
-from conformance.validate import check_finite, check_loss_inputs, valid_count
-
-Batch = Mapping[str, np.ndarray]
-
-
-def _shape_check(params: Mapping[str, np.ndarray], j: int, mb: Batch) -> tuple[int, int]:
-    if set(params) != {"w", "b"}:
-        raise InputError(f"the linear model takes params w and b; received {sorted(params)}")
-    w, b = np.asarray(params["w"]), np.asarray(params["b"])
-    if w.ndim != 2 or b.shape != (w.shape[1],):
-        raise InputError(f"linear params must be w (d_in, d_out) and b (d_out,); received w {w.shape}, b {b.shape}")
-    missing = {"x", "y"} - set(mb)
-    if missing:
-        raise InputError(f"micro_batches[{j}] needs x and y; missing {sorted(missing)}")
-    x = np.asarray(mb["x"])
-    if x.ndim != 2 or x.shape[1] != w.shape[0]:
-        raise InputError(f"micro_batches[{j}].x must have shape (rows, {w.shape[0]}); received {x.shape}")
-    return x.shape[0], w.shape[1]
-
-
-def prepare_windows(
-    loss_spec: LossSpec, spec: AccumulationSpec, params: Mapping[str, np.ndarray], micro_batches: Sequence[Batch]
-) -> list[list[tuple[Batch, float]]]:
-    """Check every micro-batch on the host and split them into windows of (micro-batch, count).
-
-    The incomplete last window is kept (last_window = "update") or left out ("drop")."""
-    spec.check_loss(loss_spec.reduction)
-    if not micro_batches:
-        raise InputError("micro_batches is empty; an accumulation window needs at least one")
-    # tokens normalization sums per-element losses, so a micro-batch may have no valid element
-    check_spec = loss_spec.model_copy(update={"reduction": "sum"}) if spec.normalize == "tokens" else loss_spec
-    counted: list[tuple[Batch, float]] = []
-    for j, mb in enumerate(micro_batches):
-        rows, d_out = _shape_check(params, j, mb)
-        placeholder = np.zeros((rows, d_out))
-        mask = mb.get("mask")
-        try:
-            check_finite("x", np.asarray(mb["x"], np.float64))
-            check_loss_inputs(check_spec, placeholder, np.asarray(mb["y"]), None, mask)
-        except InputError as exc:
-            raise InputError(f"micro_batches[{j}]: {exc}") from None
-        counted.append((mb, valid_count(loss_spec, placeholder, np.asarray(mb["y"]), None, mask)))
-    windows: list[list[tuple[Batch, float]]] = []
-    start = 0
-    for i, size in enumerate(spec.windows(len(counted))):
-        window = counted[start:start + size]
-        start += size
-        if spec.normalize == "tokens" and sum(c for _, c in window) == 0:
-            raise InputError(f"accumulation window {i} has no valid elements (every target is masked or "
-                             "ignored); normalize = 'tokens' would divide by 0")
-        windows.append(window)
-    return windows
+from conformance.rules.windows import Batch, prepare_windows
 
 
 def _grad(loss_spec: LossSpec, spec: AccumulationSpec, params: Mapping[str, np.ndarray],

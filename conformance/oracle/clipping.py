@@ -1,4 +1,4 @@
-"""Gradient clipping in NumPy float64, from the equations (see conformance.spec.clip).
+"""Gradient clipping in NumPy float64, from the equations (see conformance.config.clip).
 
 With gradients g_k (one array per parameter) and p = norm_type:
 
@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from conformance.config.clip import ClipSpec
 from conformance.errors import InputError, NonFiniteError
-from conformance.spec.clip import ClipSpec
+from conformance.rules.nonfinite import first_nonfinite, nonfinite_norm_message
 
 
 def vector_norm(x: np.ndarray, p: float) -> float:
@@ -45,24 +46,6 @@ def total_norm(grads: Mapping[str, np.ndarray], p: float) -> float:
     if not grads:
         return 0.0
     return vector_norm(np.array([vector_norm(g, p) for g in grads.values()]), p)
-
-
-def first_nonfinite(grads: Mapping[str, Any]) -> str | None:
-    """The name of the first gradient (in mapping order) holding a NaN or inf, or None."""
-    for name, g in grads.items():
-        if not np.all(np.isfinite(np.asarray(g, np.float64))):
-            return name
-    return None
-
-
-def nonfinite_norm_message(spec: ClipSpec, norm: float, bad: str | None) -> str:
-    """The one-line error of `error_if_nonfinite`, shared by every backend."""
-    order = "inf" if math.isinf(spec.norm_type) else f"{spec.norm_type:g}"
-    if bad is not None:
-        return (f"clip.error_if_nonfinite: the gradient of {bad!r} is non-finite (total norm of "
-                f"order {order} is {norm})")
-    return (f"clip.error_if_nonfinite: the total gradient norm of order {order} overflowed to {norm} "
-            f"although every gradient is finite")
 
 
 def _scale(g: np.ndarray, n: float, spec: ClipSpec) -> np.ndarray:

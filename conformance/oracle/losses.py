@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance.spec.loss import LossSpec
-from conformance.validate import check_loss_inputs, class_dim, is_index_target
+from conformance.config.loss import LossSpec
+from conformance.rules.inputs import check_loss_inputs, class_dim, is_index_target
 
 GradFn = Callable[[np.ndarray], np.ndarray]  # upstream weights u (element shape) -> d(Σ u ℓ)/dx
 

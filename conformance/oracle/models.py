@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from conformance.config.model import ModelSpec
 from conformance.models import check_model_input
-from conformance.spec.model import ModelSpec
 
 LN_EPS = 1e-5
 _erf = np.frompyfunc(math.erf, 1, 1)

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from conformance.params import check_trajectory_inputs, group_of, objective_grads, resolve_groups
-from conformance.spec.optimizer import OptimizerSpec
+from conformance.config.optimizer import OptimizerSpec
+from conformance.rules.groups import group_of, resolve_groups
+from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
 
 State = dict[str, np.ndarray]
 
@@ -56,7 +57,7 @@ def _dtype_eps(dtype: str) -> float:
 
 
 def init_state(optimizer: str, hp: Mapping[str, Any], p: np.ndarray) -> State:
-    """The state a parameter gets at its first update (neutral names, CONTRACT.md §4)."""
+    """The state a parameter gets at its first update (neutral names, docs/contract.md §4)."""
     z = np.zeros_like(p)
     s: State = {"step": np.asarray(0, np.int64)}
     if optimizer in ("sgd", "muon"):

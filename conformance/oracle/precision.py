@@ -10,19 +10,18 @@ Loss-scale state (scale: float32, growth_tracker: int), per update with `finite`
 (torch._amp_update_scale_, which GradScaler.update calls; no minimum scale.) Gradients are
 unscaled by float32(1 / float64(scale)).
 
-The host-side policy helpers here (`check_nonfinite`, the messages) are shared by ref_torch and
-ref_jax, so both raise the same NonFiniteError with the same one-line message.
+The non-finite policy and its messages are conformance.rules.nonfinite (shared with the twins).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from conformance.errors import InputError, NonFiniteError
-from conformance.spec.precision import PrecisionSpec
+from conformance.config.precision import PrecisionSpec
+from conformance.rules.loss_scale import require_dynamic_scaling
+from conformance.rules.nonfinite import check_nonfinite
 
 
 def update_scale(spec: PrecisionSpec, scale: np.float32, tracker: int, finite: bool) -> tuple[np.float32, int]:
@@ -42,55 +41,12 @@ def inverse_scale(scale: np.float32) -> np.float32:
     return np.float32(1.0 / np.float64(scale))
 
 
-def describe_nonfinite(loss_finite: bool, grads_finite: Mapping[str, bool]) -> str:
-    """'the loss' or "the gradient of 'w'": the first non-finite tensor, loss first."""
-    if not loss_finite:
-        return "the loss"
-    bad = [name for name, ok in grads_finite.items() if not ok]
-    if not bad:
-        return "the gradients"
-    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"the gradient of {bad[0]!r}{more}"
-
-
-def check_nonfinite(
-    spec: PrecisionSpec,
-    consecutive: int,
-    loss_finite: bool,
-    grads_finite: Mapping[str, bool],
-    update: int | None = None,
-    finite: bool | None = None,
-) -> None:
-    """Apply the non-finite policy after an update was (or was not) skipped; raises NonFiniteError.
-
-    `consecutive` counts the skipped updates in a row, this one included. on_nonfinite = "raise"
-    raises at the first non-finite update; "skip" raises once more than max_consecutive_skips
-    updates in a row were skipped. The update is never applied in either case. `finite` overrides
-    the flags' conjunction when only the overall decision is known."""
-    if finite is None:
-        finite = bool(loss_finite) and all(bool(v) for v in grads_finite.values())
-    if finite:
-        return
-    at = "" if update is None else f" at update {update}"
-    what = describe_nonfinite(bool(loss_finite), {k: bool(v) for k, v in grads_finite.items()})
-    if spec.on_nonfinite == "raise":
-        raise NonFiniteError(
-            f"{what} is non-finite{at} (precision.on_nonfinite = 'raise'); the update was not applied")
-    limit = spec.max_consecutive_skips
-    if limit is not None and consecutive > limit:
-        raise NonFiniteError(
-            f"{consecutive} consecutive updates were skipped for non-finite values, more than "
-            f"precision.max_consecutive_skips = {limit}; last: {what}{at}")
-
-
 def loss_scale_trace(spec: PrecisionSpec, finite: list[bool], dtype: str = "float64") -> dict[str, Any]:
     """Run the loss-scale state machine over per-update finite flags.
 
     Returns {"scale": scale in force at each update, "skipped": per update, "growth_tracker":
     after each update}; raises NonFiniteError per the non-finite policy."""
-    if not spec.dynamic_scaling:
-        raise InputError(f"precision: loss_scale = {spec.loss_scale!r} with dtype = {spec.dtype!r} "
-                         "has no dynamic loss scale; set loss_scale = 'dynamic'")
+    require_dynamic_scaling(spec)
     scale, tracker, consecutive = np.float32(spec.init_scale), 0, 0
     scales: list[float] = []
     skipped: list[bool] = []

@@ -2,7 +2,7 @@
 
 Notation: b is a group's base lr (onecycle: its peak, `max_lr` or the base lr), s the schedule
 step: s = t for unit = "update", s = t // updates_per_epoch for unit = "epoch". Update t applies
-the value at s (CONTRACT.md §2). W = warmup_steps, T = total_steps, η = eta_min, sf = start_factor.
+the value at s (docs/contract.md §2). W = warmup_steps, T = total_steps, η = eta_min, sf = start_factor.
 
     constant        b; with factor f: b·f for s < total_iters, then b             (ConstantLR)
     step            b·γ^⌊s / step_size⌋                                             (StepLR)
@@ -36,8 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from conformance.spec.schedule import (
-    ScheduleSpec, check_schedule, cycled_hyperparameter, group_base_lrs, start_lrs,
+from conformance.config.schedule import ScheduleSpec
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import (
+    check_schedule,
+    cycled_hyperparameter,
+    onecycle_phases,
+    start_lrs,
 )
 
 Fn = Callable[[np.ndarray], np.ndarray]  # schedule step s (int64 array) -> value (float64 array)
@@ -91,22 +96,6 @@ def _anneal(kind: str, start: float, end: float, pct: np.ndarray) -> np.ndarray:
     if kind == "cos":
         return end + (start - end) / 2.0 * (np.cos(np.pi * pct) + 1)
     return (end - start) * pct + start
-
-
-def onecycle_phases(spec: ScheduleSpec, peak: float, momentum: bool = False) -> list[tuple[float, float, float]]:
-    """torch's OneCycleLR phases as (end_step, start_value, end_value), for the lr or the momentum."""
-    total, pct = spec.total_steps, spec.pct_start
-    initial = peak / spec.div_factor
-    low = initial / spec.final_div_factor
-    hi_m, lo_m = spec.max_momentum, spec.base_momentum
-    first, second = float(pct * total) - 1, float(2 * pct * total) - 2
-    if spec.three_phase:
-        if momentum:
-            return [(first, hi_m, lo_m), (second, lo_m, hi_m), (total - 1, hi_m, hi_m)]
-        return [(first, initial, peak), (second, peak, initial), (total - 1, initial, low)]
-    if momentum:
-        return [(first, hi_m, lo_m), (total - 1, lo_m, hi_m)]
-    return [(first, initial, peak), (total - 1, peak, low)]
 
 
 def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> Fn:
@@ -204,7 +193,7 @@ def schedule_values(
 ) -> dict[str, Any]:
     """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) array, "momentum": (steps,
     groups) array or None, "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
-    `conformance.spec.schedule.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
+    `conformance.config.schedule.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
     base = start_lrs(schedule, group_base_lrs(optimizer))
     s = np.arange(steps, dtype=np.int64) // updates_per_epoch

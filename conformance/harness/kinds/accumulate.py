@@ -26,7 +26,8 @@ from conformance.errors import ConfigError
 from conformance.harness.arrays import Array, CaseTable, round_to
 from conformance.harness.backends import Backend
 from conformance.harness.case import Case
-from conformance.oracle.accumulation import full_batch_gradients, prepare_windows
+from conformance.oracle.accumulation import full_batch_gradients
+from conformance.rules.windows import prepare_windows
 
 REQUIRED_SECTIONS = ("loss", "accumulation")
 

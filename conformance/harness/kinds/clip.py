@@ -1,6 +1,6 @@
 """kind = "clip": gradients clipped by a [clip] spec, and the norm before clipping.
 
-    [clip]     max_norm / norm_type / eps / per_parameter, or clip_value (conformance.spec.clip)
+    [clip]     max_norm / norm_type / eps / per_parameter, or clip_value (conformance.config.clip)
     [inputs]   grads = { w = [...], b = [...] }          (a parameter set)
     [expected] grads = { ... } (after clipping); total_norm (before clipping)
 

@@ -12,18 +12,18 @@
 A parameter missing from an update's `grads` table has no gradient in that update (torch: `grad is
 None`): it is not updated and its state, update count included, stays as it was; an empty table
 `{}` is an update in which no parameter has a gradient. `[expected] state` may list a subset of
-the parameters and state names (CONTRACT.md §4; conformance.params.state_shapes).
+the parameters and state names (docs/contract.md §4; conformance.rules.state.state_shapes).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from conformance.config.base import NonNegInt
 from conformance.harness.arrays import Array, CaseTable, ParamSet, round_to
 from conformance.harness.backends import Backend
 from conformance.harness.case import Case
-from conformance.params import check_trajectory_inputs
-from conformance.spec.base import NonNegInt
+from conformance.rules.trajectory import check_trajectory_inputs
 
 REQUIRED_SECTIONS = ("optimizer",)
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from conformance.config.base import PosInt
 from conformance.harness.arrays import Array, CaseTable
 from conformance.harness.backends import Backend
 from conformance.harness.case import Case
-from conformance.spec.base import PosInt
-from conformance.spec.schedule import group_base_lrs
+from conformance.rules.groups import group_base_lrs
 
 REQUIRED_SECTIONS = ("optimizer", "schedule")
 

@@ -8,10 +8,10 @@
                 skipped = [...]       # optional: whether each update was skipped
                 loss_scale = [...]    # optional: the scale in force at each update (dynamic scaling)
 
-At least one of final_params and loss is required (CONTRACT.md §3). The backend's
+At least one of final_params and loss is required (docs/contract.md §3). The backend's
 `trainer.train(config, out_dir, progress="none")` runs the config in a temporary directory;
 `final_params` come from its TrainResult, the per-update series from the metrics.jsonl it wrote
-(the file format of CONTRACT.md §5), so every backend is judged by the same outputs.
+(the file format of docs/contract.md §5), so every backend is judged by the same outputs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from conformance.harness.arrays import Array, CaseTable, ParamSet
 from conformance.harness.backends import Backend
 from conformance.harness.case import Case
-from conformance.metrics import read_metrics, updates
+from conformance.run.metrics import read_metrics, updates
 
 REQUIRED_SECTIONS: tuple[str, ...] = ()
 SERIES = ("loss", "lr", "skipped", "loss_scale")

@@ -1,0 +1,216 @@
+"""Low-level file handling for checkpoints: durable writes, refusing reads, safetensors without pickle.
+
+Writes go to a new file (O_EXCL, owner-only 0o600), are flushed and fsync'ed. Reads open with
+O_NOFOLLOW, check the file's type, owner and mode on the open descriptor (no race with a swapped
+path), read the bytes once, and hand those same bytes to the hash check and then the parser.
+Tensors are safetensors (a JSON header and raw little-endian bytes: no code runs on load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from conformance.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointRejected,
+)
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+MAX_JSON_BYTES = 64 << 20  # a state.json this big is not ours
+
+# safetensors dtype -> NumPy; anything else in a header is refused (safetensors.numpy lacks BF16).
+DTYPES: dict[str, Any] = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+}
+_NUMPY_NAMES = {np.dtype(v).name for v in DTYPES.values()}
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
+    """Create directory/name (it must not exist), write, fsync; return {"size", "sha256"}."""
+    path = directory / name
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot create ({exc.strerror})") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: write failed ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    return {"size": len(data), "sha256": sha256_hex(data)}
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the entries created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_stat(st: os.stat_result, path: Path, kind: str) -> None:
+    """Refuse anything but a `kind` ("file" or "directory") owned by us and not group/world-writable."""
+    is_kind = stat.S_ISDIR(st.st_mode) if kind == "directory" else stat.S_ISREG(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointRejected(f"{path} is a symbolic link; checkpoints hold only regular files")
+    if not is_kind:
+        raise CheckpointRejected(f"{path} is not a regular {kind}")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise CheckpointRejected(f"{path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise CheckpointRejected(
+            f"{path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}); "
+            "refusing a file others could have changed"
+        )
+
+
+def read_file(path: Path, limit: int | None = None) -> bytes:
+    """Read a whole file through an O_NOFOLLOW descriptor after check_stat on that descriptor."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise CheckpointRejected(f"{path} is a symbolic link; checkpoints hold only regular files")
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path} is missing") from None
+    except CheckpointRejected:
+        raise
+    except OSError as exc:
+        raise CheckpointRejected(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        check_stat(st, path, "file")
+        if limit is not None and st.st_size > limit:
+            raise CheckpointRejected(f"{path} has {st.st_size} bytes; the limit is {limit}")
+        chunks, left = [], st.st_size + 1  # one byte more than expected reveals a file still growing
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_verified(directory: Path, name: str, size: int, digest: str) -> bytes:
+    """The bytes of directory/name, after checking them against the manifest's size and sha256."""
+    path = directory / name
+    data = read_file(path, limit=size)
+    if len(data) != size:
+        raise CheckpointCorruptError(f"{path} has {len(data)} bytes; the manifest says {size} (truncated or altered)")
+    if sha256_hex(data) != digest:
+        raise CheckpointCorruptError(f"{path} fails its sha256 check (the file changed after it was written)")
+    return data
+
+
+def encode_tensors(tensors: dict[str, np.ndarray], what: str) -> bytes:
+    """safetensors bytes for a {name: ndarray} dict (little-endian, C order, known dtypes only)."""
+    clean: dict[str, np.ndarray] = {}
+    for key, value in tensors.items():
+        arr = np.asarray(value)
+        if arr.dtype.name not in _NUMPY_NAMES:
+            raise CheckpointError(f"{what}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot hold")
+        clean[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes 0-d arrays 1-d
+    try:
+        return safetensors.numpy.save(clean)
+    except Exception as exc:  # the Rust serializer raises its own types
+        raise CheckpointError(f"{what}: cannot serialize tensors ({exc})") from None
+
+
+def decode_tensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
+    """Parse safetensors bytes; any malformed header or unknown dtype is CheckpointCorruptError."""
+    try:
+        views = safetensors.deserialize(data)
+    except Exception as exc:  # SafetensorError and friends: one error class for every parse failure
+        raise CheckpointCorruptError(f"{path} is not a valid safetensors file ({exc})") from None
+    out: dict[str, np.ndarray] = {}
+    for key, view in views:
+        dtype = DTYPES.get(view["dtype"])
+        if dtype is None:
+            raise CheckpointCorruptError(f"{path}: tensor {key!r} has unsupported dtype {view['dtype']}")
+        try:
+            out[key] = np.frombuffer(view["data"], dtype=dtype).reshape(view["shape"])
+        except ValueError as exc:
+            raise CheckpointCorruptError(f"{path}: tensor {key!r} is malformed ({exc})") from None
+    return out
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def decode_json(data: bytes, path: Path) -> Any:
+    """Strict JSON: UTF-8, no NaN/Infinity, no duplicate keys; else CheckpointCorruptError."""
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: "[[[[…" bombs
+        raise CheckpointCorruptError(f"{path} is not valid JSON ({type(exc).__name__}: {exc})") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON (arrays belong in tensors)")
+
+
+def encode_json(value: Any, what: str) -> bytes:
+    """Canonical JSON bytes (sorted keys, finite numbers only)."""
+    try:
+        return json.dumps(value, sort_keys=True, indent=1, allow_nan=False, default=_plain).encode("utf-8") + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{what}: cannot write as JSON ({exc})") from None
+
+
+def save_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write one safetensors file atomically: a temporary file beside it, fsync, rename, fsync dir."""
+    path = Path(path)
+    data = encode_tensors(tensors, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    tmp = f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    write_file(path.parent, tmp, data)
+    try:
+        os.replace(path.parent / tmp, path)
+    except OSError as exc:
+        (path.parent / tmp).unlink(missing_ok=True)
+        raise CheckpointError(f"{path}: cannot write ({exc.strerror})") from None
+    fsync_dir(path.parent)
+
+
+def load_tensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Read a safetensors file (a regular file of ours, not group/world-writable) into NumPy."""
+    path = Path(path)
+    return decode_tensors(read_file(path), path)

@@ -1,0 +1,394 @@
+"""The framework-neutral checkpoint format: one verified directory per saved update.
+
+    checkpoints/step-00000123/      the state after 123 updates (resume runs update 123 next)
+        model.safetensors           model parameters by neutral name
+        optimizer.safetensors       "optimizer/<param>/<state_name>" (docs/contract.md §4 names)
+        rng.safetensors             "rng/<name>": generator states as uint8/uint32 tensors
+        state.json                  counters, optimizer step, scheduler, loss scale, data position, RNG metadata
+        config.toml                 the resolved config
+        manifest.json               written last: every file's size and sha256, format version,
+                                    library versions, config hash, update count
+
+A save writes everything into `.tmp-…` beside the final name (each file fsync'ed, the manifest
+last), renames it into place and fsyncs the parent (reliability.md §1.9). A load checks the
+directory, every file's type, owner, mode, size and sha256 against the manifest BEFORE parsing any
+of them. Nothing is pickled. `find_latest` returns the newest checkpoint that verifies.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from conformance.checkpoint import files as io
+from conformance.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointRejected,
+)
+from conformance.run.events import Events, notify
+
+FORMAT = "twinstep-checkpoint"
+FORMAT_VERSION = 1
+FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.toml")
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 20
+STEP_RE = re.compile(r"^step-(\d{8,})$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class TrainingState(NamedTuple):
+    """Everything a checkpoint holds. `update`: updates completed. `model`: {name: array}.
+    `optimizer`: {param: {state_name: array}} (neutral names). `rng`: {name: uint8/uint32 array}.
+    `meta`: JSON-able counters and states (optimizer step, scheduler, loss scale, data position,
+    RNG metadata ...). `config`: the resolved config as TOML text."""
+
+    update: int
+    model: dict[str, np.ndarray]
+    optimizer: dict[str, dict[str, np.ndarray]] | None = None
+    rng: dict[str, np.ndarray] | None = None
+    meta: dict[str, Any] | None = None
+    config: str = ""
+
+
+class Checkpoint(NamedTuple):
+    """A loaded, verified checkpoint: where it was, its manifest, and its state."""
+
+    path: Path
+    manifest: dict[str, Any]
+    state: TrainingState
+
+
+def step_name(update: int) -> str:
+    """Directory name for the state after `update` updates: step-00000123."""
+    return f"step-{update:08d}"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the neutral side (python, numpy, safetensors, twinstep); backends add their own."""
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    for dist in ("safetensors", "twinstep"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions
+
+
+def _optimizer_tensors(optimizer: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {}
+    for param, states in optimizer.items():
+        for name, value in states.items():
+            if "/" in name or not name:
+                raise CheckpointError(f"optimizer state name {name!r} of {param!r} must be non-empty without '/'")
+            out[f"optimizer/{param}/{name}"] = value
+    return out
+
+
+def _split_optimizer(tensors: dict[str, np.ndarray], path: Path) -> dict[str, dict[str, np.ndarray]]:
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in tensors.items():
+        if not key.startswith("optimizer/") or key.count("/") < 2:
+            raise CheckpointCorruptError(f"{path}: tensor {key!r} is not named optimizer/<param>/<state>")
+        param, name = key[len("optimizer/"):].rsplit("/", 1)
+        out.setdefault(param, {})[name] = value
+    return out
+
+
+def _strip_prefix(tensors: dict[str, np.ndarray], prefix: str, path: Path) -> dict[str, np.ndarray]:
+    bad = [k for k in tensors if not k.startswith(prefix)]
+    if bad:
+        raise CheckpointCorruptError(f"{path}: tensor {bad[0]!r} is not named {prefix}<name>")
+    return {k[len(prefix):]: v for k, v in tensors.items()}
+
+
+def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: dict[str, Any] | None = None,
+                    val_loss: float | None = None, world_size: int = 1, keep_last: int | None = None,
+                    keep_best: bool = False, events: Events | None = None) -> Path:
+    """Write `state` as directory/step-<update>/ atomically and durably; then, if `keep_last` is
+    given, apply retention (after the commit, never deleting the new checkpoint). Returns the path.
+    Only one process (rank 0) may save into a directory. `events` observes the stages of the save
+    (conformance.run.events.CHECKPOINT_STAGES)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
+    if state.update < 0:
+        raise CheckpointError(f"checkpoint update must be >= 0; received {state.update}")
+    payload = {
+        "model.safetensors": io.encode_tensors(state.model, "model"),
+        "optimizer.safetensors": io.encode_tensors(_optimizer_tensors(state.optimizer or {}), "optimizer"),
+        "rng.safetensors": io.encode_tensors({f"rng/{k}": v for k, v in (state.rng or {}).items()}, "rng"),
+        "state.json": io.encode_json(state.meta or {}, "checkpoint meta"),
+        "config.toml": state.config.encode("utf-8"),
+    }
+    final = directory / step_name(state.update)
+    tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(mode=io.DIR_MODE)
+    try:
+        _write_all(tmp, final, state.update, payload, versions, val_loss, world_size, events)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind
+        raise
+    notify(events, "checkpoint", stage="after_rename")
+    if keep_last is not None:
+        apply_retention(directory, keep_last, keep_best, protect=final, events=events)
+    return final
+
+
+def _write_all(tmp: Path, final: Path, update: int, payload: dict[str, bytes], versions: dict[str, Any] | None,
+               val_loss: float | None, world_size: int, events: Events | None) -> None:
+    files = {}
+    for i, (name, data) in enumerate(payload.items()):
+        files[name] = io.write_file(tmp, name, data)
+        notify(events, "checkpoint", stage="after_first_file" if i == 0 else "during_files")
+    notify(events, "checkpoint", stage="before_manifest")
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "update": update,
+        "created_unix": time.time(),
+        "world_size": world_size,
+        "val_loss": None if val_loss is None or not np.isfinite(val_loss) else float(val_loss),
+        "config_sha256": io.sha256_hex(payload["config.toml"]),
+        "versions": {**library_versions(), **(versions or {})},
+        "files": files,
+    }
+    io.write_file(tmp, MANIFEST, io.encode_json(manifest, MANIFEST))
+    io.fsync_dir(tmp)
+    notify(events, "checkpoint", stage="after_manifest")
+    _commit(tmp, final)
+
+
+def _commit(tmp: Path, final: Path) -> None:
+    # A directory rename cannot replace a non-empty one: move an old copy aside first; if we die in
+    # between, prepare_directory() moves it back.
+    aside = None
+    if final.exists() or final.is_symlink():
+        aside = final.parent / f".tmp-replaced-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    io.fsync_dir(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _check_manifest(manifest: Any, path: Path) -> dict[str, Any]:
+    where = path / MANIFEST
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointRejected(f"{where} is not a {FORMAT} manifest")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointCorruptError(f"{where}: format_version must be a positive integer")
+    if version > FORMAT_VERSION:
+        raise CheckpointRejected(
+            f"{where}: format_version {version} is newer than this twinstep reads ({FORMAT_VERSION})"
+        )
+    update = manifest.get("update")
+    match = STEP_RE.match(path.name)
+    if not isinstance(update, int) or isinstance(update, bool) or update < 0:
+        raise CheckpointCorruptError(f"{where}: update must be a non-negative integer")
+    if match and int(match.group(1)) != update:
+        raise CheckpointRejected(f"{where} says update {update}, but the directory is {path.name}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise CheckpointCorruptError(f"{where}: files must be a table of name -> size and sha256")
+    for name, entry in files.items():
+        if not _NAME_RE.match(name) or name in (".", "..") or name == MANIFEST:
+            raise CheckpointRejected(
+                f"{where} lists an unsafe file name {name!r} (paths, '..' and absolute names are refused)"
+            )
+        size, digest = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not (
+            isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)
+        ):
+            raise CheckpointCorruptError(f"{where}: entry {name!r} needs an integer size and a sha256 hex digest")
+        if name.endswith((".json", ".toml")) and size > io.MAX_JSON_BYTES:
+            raise CheckpointRejected(f"{where}: {name} claims {size} bytes; the limit is {io.MAX_JSON_BYTES}")
+    missing = [f for f in FILES if f not in files]
+    if missing:
+        raise CheckpointCorruptError(f"{where} does not list {missing[0]}")
+    return manifest
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    st = os.lstat(path) if os.path.lexists(path) else None
+    if st is None:
+        raise CheckpointCorruptError(f"{path} does not exist")
+    io.check_stat(st, path, "directory")
+    if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
+        raise CheckpointCorruptError(f"{path / MANIFEST} is missing (an incomplete or damaged checkpoint)")
+    manifest = _check_manifest(io.decode_json(io.read_file(path / MANIFEST, MAX_MANIFEST_BYTES), path / MANIFEST), path)
+    listed = set(manifest["files"]) | {MANIFEST}
+    for entry in os.scandir(path):
+        if entry.name not in listed:
+            raise CheckpointRejected(f"{path / entry.name} is not listed in the manifest")
+    return manifest
+
+
+def _verified_files(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    manifest = _read_manifest(path)
+    data = {name: io.read_verified(path, name, e["size"], e["sha256"]) for name, e in manifest["files"].items()}
+    return manifest, data
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check a checkpoint directory completely (paths, types, owner, modes, sizes, sha256) without
+    parsing any file but the manifest; return the manifest or raise CheckpointCorruptError /
+    CheckpointRejected naming the file."""
+    return _verified_files(Path(path))[0]
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Verify a checkpoint directory (verify_checkpoint), then parse the verified bytes."""
+    path = Path(path)
+    manifest, data = _verified_files(path)
+    model = io.decode_tensors(data["model.safetensors"], path / "model.safetensors")
+    optimizer = _split_optimizer(io.decode_tensors(data["optimizer.safetensors"], path / "optimizer.safetensors"),
+                                 path / "optimizer.safetensors")
+    rng = _strip_prefix(io.decode_tensors(data["rng.safetensors"], path / "rng.safetensors"), "rng/",
+                        path / "rng.safetensors")
+    meta = io.decode_json(data["state.json"], path / "state.json")
+    if not isinstance(meta, dict):
+        raise CheckpointCorruptError(f"{path / 'state.json'} must hold a JSON object")
+    try:
+        config = data["config.toml"].decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
+    return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config))
+
+
+def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """(update, path) of every step-* entry, newest first; temporary directories are not listed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), directory / e.name) for e in os.scandir(directory) if (m := STEP_RE.match(e.name))]
+    return sorted(found, reverse=True)
+
+
+def find_latest(directory: str | Path, allow_fallback: bool = False,
+                on_skip: Callable[[Path, Exception], None] | None = None) -> Path | None:
+    """The newest checkpoint under `directory` that verifies, or None if there is none. If the newest
+    fails verification its error is raised, unless `allow_fallback`: then it is reported to
+    `on_skip` (default: a warning) and older ones are tried."""
+    errors: list[CheckpointError] = []
+    for _, path in list_checkpoints(directory):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as exc:
+            if not allow_fallback:
+                raise
+            errors.append(exc)
+            (on_skip or (lambda p, e: warnings.warn(f"skipping checkpoint {p}: {e}", stacklevel=3)))(path, exc)
+    if errors:
+        raise CheckpointCorruptError(f"no checkpoint under {directory} verifies; the newest: {errors[0]}")
+    return None
+
+
+def _is_complete(path: Path) -> dict[str, Any] | None:
+    # Retention's quick check: a valid manifest and every file of the listed size (no hashing).
+    try:
+        manifest = _read_manifest(path)
+        for name, entry in manifest["files"].items():
+            st = os.lstat(path / name)
+            if st.st_size != entry["size"]:
+                return None
+        return manifest
+    except (CheckpointError, OSError):
+        return None
+
+
+def _remove(path: Path, events: Events | None) -> None:
+    # Rename first: a kill mid-delete then leaves a .tmp directory, never a half-deleted checkpoint.
+    aside = path.parent / f".tmp-deleting-{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, aside)
+        notify(events, "checkpoint", stage="during_retention")
+        shutil.rmtree(aside)
+    except OSError as exc:
+        warnings.warn(f"checkpoint retention could not delete {path}: {exc}", stacklevel=3)
+
+
+def apply_retention(directory: str | Path, keep_last: int, keep_best: bool = False,
+                    protect: Path | None = None, events: Events | None = None) -> list[Path]:
+    """Delete old checkpoints, keeping the newest `keep_last` complete ones, the one with the
+    lowest val_loss if `keep_best`, and `protect`. Checkpoints newer than `protect` are left alone.
+    A failed deletion is a warning, not an error. Returns the deleted paths."""
+    if keep_last < 1:
+        raise CheckpointError(f"checkpoint.keep_last must be >= 1; received {keep_last}")
+    entries = list_checkpoints(directory)
+    limit = int(STEP_RE.match(protect.name).group(1)) if protect is not None and STEP_RE.match(protect.name) else None
+    entries = [(u, p) for u, p in entries if limit is None or u <= limit]
+    complete = [(u, p, m) for u, p in entries if (m := _is_complete(p)) is not None]
+    keep = {p for _, p, _ in complete[:keep_last]}
+    if protect is not None:
+        keep.add(Path(protect))
+    if keep_best:
+        scored = [(m["val_loss"], -u, p) for u, p, m in complete if isinstance(m.get("val_loss"), (int, float))]
+        if scored:
+            keep.add(min(scored)[2])
+    newest_kept = max((u for u, p in entries if p in keep), default=None)
+    deleted = []
+    for u, p in entries:
+        if p not in keep and (newest_kept is None or u < newest_kept):
+            _remove(p, events)
+            deleted.append(p)
+    return deleted
+
+
+def prepare_directory(directory: str | Path) -> list[Path]:
+    """Create the checkpoint directory (0o700) and clean up after a crash: a checkpoint moved aside
+    for replacement goes back if its replacement never arrived; other .tmp-* entries are removed.
+    Call once at the start of a run, before the first save. Returns what was removed."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
+    removed = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if not entry.name.startswith(".tmp-"):
+            continue
+        path = directory / entry.name
+        match = re.match(r"^\.tmp-replaced-(step-\d{8,})-[0-9a-f]{8}$", entry.name)
+        if match and not (directory / match.group(1)).exists():
+            os.rename(path, directory / match.group(1))
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    if removed:
+        io.fsync_dir(directory)
+    return removed
+
+
+def check_tensors(expected: dict[str, tuple[tuple[int, ...], str]], tensors: dict[str, np.ndarray],
+                  prefix: str = "model/") -> None:
+    """Refuse a tensor set whose names, shapes or dtypes differ from `expected` ({name: (shape,
+    dtype name)}), naming the first offending tensor (e.g. 'model/0.weight')."""
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks tensor {prefix}{missing[0]} ({len(missing)} missing in all)")
+    extra = [k for k in tensors if k not in expected]
+    if extra:
+        raise CheckpointError(f"checkpoint tensor {prefix}{extra[0]} is not a parameter of this model")
+    for name, (shape, dtype) in expected.items():
+        got = np.asarray(tensors[name])
+        if tuple(got.shape) != tuple(shape):
+            raise CheckpointError(
+                f"checkpoint tensor {prefix}{name} has shape {tuple(got.shape)}; the model needs {tuple(shape)}"
+            )
+        if got.dtype.name != dtype:
+            raise CheckpointError(
+                f"checkpoint tensor {prefix}{name} is {got.dtype.name}; the model's parameter is {dtype}"
+            )

@@ -1,0 +1,72 @@
+"""`[model]`: the built-in models, with framework-neutral parameter names and initialization.
+
+    [model]
+    name = "gpt"            # linear | mlp | gpt
+    n_layer = 2
+    n_head = 2
+    n_embd = 64
+
+Shapes the data already fixes (`in_features`, `out_features`, `vocab_size`) default to the data's;
+set explicitly, they must agree with it. Parameter names, layouts and the initialization are
+documented in docs/models.md and computed by `conformance.models`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from conformance.config.base import PosInt, Positive, Section, UnitHalfOpen, field_error
+
+ModelName = Literal["linear", "mlp", "gpt"]
+MODEL_NAMES: tuple[str, ...] = ModelName.__args__  # type: ignore[attr-defined]
+
+# Which model reads which option; setting an option another model would ignore is an error.
+USED_BY: dict[str, tuple[str, ...]] = {
+    "in_features": ("linear", "mlp"),
+    "out_features": ("linear", "mlp"),
+    "hidden": ("mlp",),
+    "activation": ("mlp",),
+    "norm": ("mlp",),
+    "n_layer": ("gpt",),
+    "n_head": ("gpt",),
+    "n_embd": ("gpt",),
+    "block_size": ("gpt",),
+    "vocab_size": ("gpt",),
+    "dropout": ("gpt",),
+    "init_std": ("gpt",),
+}
+
+
+class ModelSpec(Section):
+    """A built-in model. linear: y = x W^T + b. mlp: [Linear, activation, LayerNorm] per hidden width,
+    then Linear (the seeds' 20→64 GELU LayerNorm →2 classifier by default). gpt: a nanoGPT-style
+    decoder-only transformer (pre-LN, causal self-attention, GELU MLP, tied lm_head).
+    `bias = false` drops every bias, LayerNorm's included (as nanoGPT's `bias`)."""
+
+    name: ModelName = "mlp"
+    in_features: PosInt | None = None
+    out_features: PosInt | None = None
+    hidden: list[PosInt] = Field(default_factory=lambda: [64])
+    activation: Literal["gelu", "relu", "tanh"] = "gelu"
+    norm: Literal["layernorm", "none"] = "layernorm"
+    n_layer: PosInt = 2
+    n_head: PosInt = 2
+    n_embd: PosInt = 64
+    block_size: PosInt = 64
+    vocab_size: PosInt | None = None
+    dropout: UnitHalfOpen = 0.0
+    bias: bool = True
+    init_std: Positive = 0.02
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        self.reject_unused(USED_BY, "name")
+        if self.name == "mlp" and not self.hidden:
+            raise field_error("hidden", "must list at least one width; use name = 'linear' for no hidden layer")
+        if self.name == "gpt" and self.n_embd % self.n_head:
+            raise field_error(
+                "n_embd", f"must be divisible by n_head = {self.n_head}; received {self.n_embd}"
+            )
+        return self

@@ -1,0 +1,264 @@
+"""`[optimizer]` and `[[optimizer.groups]]`: torch.optim vocabulary, torch defaults.
+
+    [optimizer]
+    name = "adamw"                 # see OPTIMIZER_NAMES
+    lr = 3e-4
+    betas = [0.9, 0.999]
+    weight_decay = 0.01
+    no_weight_decay = ["*.bias", "*norm*.weight"]   # the usual exclusions, one line
+
+    [[optimizer.groups]]           # torch param groups, selected by glob patterns over names
+    params = ["backbone.*"]
+    lr = 1e-5                      # any hyper-parameter of the optimizer can be overridden
+
+Every field is a torch constructor argument (snake_case) with torch's default for the chosen
+optimizer (SGD lr 1e-3, RMSprop 1e-2, NAdam 2e-3, AdamW weight_decay 1e-2, Muon 0.1, ...). Fields
+an optimizer does not read stay None and setting them is an error naming the field, so the
+resolved config (dump_config) lists exactly the values in force.
+
+Semantics that torch.optim cannot express are explicit extra fields, implemented on both backends:
+
+- `eps_root` (adam, adamw): optax's term inside the square root, sqrt(v_hat + eps_root) + eps.
+- `amsgrad_variant` (adam, adamw with amsgrad): "torch" keeps the max of the raw v and
+  bias-corrects it; "optax" keeps the max of the bias-corrected v_hat (optax.scale_by_amsgrad);
+  "optax_raw" keeps the max of the raw v without any bias correction (bias_correction_nu=False).
+- `eps_in_sqrt` (rmsprop, adagrad): eps inside the square root, 1/sqrt(v + eps) as optax's
+  rmsprop and adagrad (for adagrad also optax's guard: 0 where the accumulator is 0).
+- `momentum_schedule` (nadam): false is optax.nadam: constant beta1, no Dozat momentum schedule.
+- `ns_dtype` (muon): torch.optim.Muon runs Newton–Schulz in bfloat16; "float32"/"float64" run it
+  in that dtype (twinstep's extension, exact across backends).
+
+Muon only updates 2-D parameters: every other parameter, and 2-D ones matched by
+`fallback_params`, is updated by `[optimizer.fallback]` (default: AdamW with torch's defaults), the
+usual set-up for biases, norms, embeddings and heads. `conformance.rules.groups` turns the groups into
+the parameter groups both backends build; `docs/divergences.md#optimizers` lists every difference
+between torch.optim and optax and the case or test that pins it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from conformance.config.base import (
+    FloatIn,
+    IntIn,
+    NonNegative,
+    Pair,
+    Section,
+    UnitClosed,
+    UnitHalfOpen,
+    field_error,
+)
+
+OptimizerName = Literal[
+    "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam", "lion", "adafactor", "muon"
+]
+OPTIMIZER_NAMES: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
+
+_BETAS = (0.9, 0.999)
+MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim._muon DEFAULT_A/B/C (Keller Jordan)
+
+# The hyper-parameters each optimizer reads, with torch's defaults (lion: lucidrains/lion-pytorch).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0,
+            "maximize": False},
+    "adam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
+             "decoupled_weight_decay": False, "maximize": False, "eps_root": 0.0,
+             "amsgrad_variant": "torch"},
+    "adamw": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 1e-2, "amsgrad": False,
+              "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch"},
+    "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0,
+                "centered": False, "maximize": False, "eps_in_sqrt": False},
+    "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0,
+                "eps": 1e-10, "maximize": False, "eps_in_sqrt": False},
+    "adamax": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "maximize": False},
+    "nadam": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "momentum_decay": 4e-3,
+              "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True},
+    "radam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0,
+              "decoupled_weight_decay": False, "maximize": False},
+    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
+    "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": ("auto", 1e-3), "d": 1.0,
+                  "weight_decay": 0.0, "maximize": False},
+    "muon": {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
+             "ns_coefficients": MUON_NS_COEFFICIENTS, "eps": 1e-7, "ns_steps": 5,
+             "adjust_lr_fn": "original", "ns_dtype": "bfloat16"},
+}
+
+HYPERPARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for d in DEFAULTS.values() for k in d))
+
+# Which optimizers read which field (the inverse of DEFAULTS), for error messages.
+USED_BY: dict[str, tuple[str, ...]] = {
+    key: tuple(n for n in OPTIMIZER_NAMES if key in DEFAULTS[n]) for key in HYPERPARAMETERS
+}
+
+# Float hyper-parameters a running optimizer may change between updates (torch: param_group[k]);
+# JAX keeps them as arrays in the optimizer state so that changing them never recompiles.
+DYNAMIC: tuple[str, ...] = ("lr", "weight_decay", "momentum", "dampening", "betas", "eps", "alpha",
+                            "lr_decay", "momentum_decay", "beta2_decay", "d")
+
+
+def _eps(value: Any) -> Any:
+    # adafactor's eps is torch's pair (eps1, eps2); eps1 = "auto" is torch's None (finfo(dtype).eps)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+AdafactorEps = tuple[NonNegative | Literal["auto"], NonNegative]
+
+
+class _Hyper(Section):
+    """Every optimizer hyper-parameter; None = not set (resolved per optimizer)."""
+
+    lr: NonNegative | None = None
+    momentum: NonNegative | None = None
+    dampening: UnitClosed | None = None
+    nesterov: bool | None = None
+    weight_decay: NonNegative | None = None
+    maximize: bool | None = None
+    betas: Pair(UnitHalfOpen) | None = None
+    eps: NonNegative | AdafactorEps | None = None
+    amsgrad: bool | None = None
+    decoupled_weight_decay: bool | None = None
+    eps_root: NonNegative | None = None
+    amsgrad_variant: Literal["torch", "optax", "optax_raw"] | None = None
+    alpha: UnitClosed | None = None
+    centered: bool | None = None
+    eps_in_sqrt: bool | None = None
+    lr_decay: NonNegative | None = None
+    initial_accumulator_value: NonNegative | None = None
+    momentum_decay: NonNegative | None = None
+    momentum_schedule: bool | None = None
+    beta2_decay: FloatIn(None, 0.0) | None = None
+    d: FloatIn(1.0) | None = None
+    ns_coefficients: tuple[float, float, float] | None = None
+    ns_steps: IntIn(0, 99) | None = None
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
+    ns_dtype: Literal["bfloat16", "float32", "float64"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuples(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("eps", "ns_coefficients"):
+                if key in data:
+                    data[key] = _eps(data[key])
+        return data
+
+    def overrides(self) -> dict[str, Any]:
+        """The hyper-parameters this table sets (not None)."""
+        return {k: getattr(self, k) for k in HYPERPARAMETERS if getattr(self, k) is not None}
+
+
+class GroupSpec(_Hyper):
+    """One parameter group: glob patterns over parameter names plus the fields it overrides."""
+
+    params: list[str] = Field(min_length=1)
+
+
+class OptimizerSpec(_Hyper):
+    """An optimizer (torch.optim vocabulary and defaults), its parameter groups and, for muon, the
+    optimizer of the parameters Muon does not update."""
+
+    name: OptimizerName = "adamw"
+    groups: list[GroupSpec] = Field(default_factory=list)
+    no_weight_decay: list[str] | None = None
+    fallback_params: list[str] | None = None
+    fallback: "OptimizerSpec | None" = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        # Per-optimizer defaults are filled here so that dump_config writes the values in force.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        name = data.get("name", "adamw")
+        if not isinstance(name, str) or name not in DEFAULTS:
+            return data
+        for key, value in DEFAULTS[name].items():
+            data.setdefault(key, value)
+        if name == "muon":
+            data.setdefault("fallback", {"name": "adamw"})
+            data.setdefault("fallback_params", [])
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "OptimizerSpec":
+        own = DEFAULTS[self.name]
+        for key in HYPERPARAMETERS:
+            value = getattr(self, key)
+            if value is not None and key not in own:
+                raise field_error(key, _unused(key, value, self.name))
+        for key in ("fallback", "fallback_params"):
+            if getattr(self, key) is not None and self.name != "muon":
+                raise field_error(key, f"is only used when name is muon; received it with name = {self.name!r}")
+        check_hyperparameters(self.name, self.overrides(), "")
+        if self.fallback is not None:
+            fb = self.fallback
+            if fb.name == "muon":
+                raise field_error("fallback.name", "must not be muon (the fallback updates the parameters "
+                                                   "Muon cannot: non-matrix ones)")
+            for key in ("groups", "no_weight_decay"):
+                if getattr(fb, key):
+                    raise field_error(f"fallback.{key}", "is not allowed in the fallback; set it on "
+                                                         "[optimizer] (it applies to both optimizers)")
+        readers = self.group_optimizers()
+        for i, group in enumerate(self.groups):
+            for key, value in group.overrides().items():
+                users = [n for n in readers if key in DEFAULTS[n]]
+                if not users:
+                    raise field_error(f"groups[{i}].{key}", _unused(key, value, " / ".join(readers)))
+                for n in users:
+                    check_hyperparameters(n, {**self.base(n), **group.overrides()}, f"groups[{i}].", key)
+        for key in ("no_weight_decay", "fallback_params"):
+            patterns = getattr(self, key)
+            if patterns is not None and any(not p for p in patterns):
+                raise field_error(key, "patterns must be non-empty glob strings")
+        return self
+
+    def group_optimizers(self) -> tuple[str, ...]:
+        """The optimizers a group's overrides may address: this one and, for muon, the fallback."""
+        if self.name == "muon" and self.fallback is not None:
+            return ("muon", self.fallback.name)
+        return (self.name,)
+
+    def base(self, optimizer: str) -> dict[str, Any]:
+        """Top-level hyper-parameters of `optimizer` (this one, or muon's fallback)."""
+        if optimizer == self.name:
+            return self.overrides()
+        if self.fallback is not None and optimizer == self.fallback.name:
+            return self.fallback.overrides()
+        raise KeyError(optimizer)
+
+
+def _unused(key: str, value: Any, name: str) -> str:
+    users = ", ".join(USED_BY.get(key, ())) or "no optimizer"
+    return f"is only used when name is {users}; received {value!r} with name = {name!r}"
+
+
+def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str | None = None) -> None:
+    """torch's constructor checks that involve several fields (raised against `where + field`)."""
+
+    def fail(key: str, message: str) -> None:
+        if only is None or key == only or only in message:
+            raise field_error(f"{where}{key}", message)
+
+    eps = hp.get("eps")
+    if name == "adafactor" and eps is not None and not isinstance(eps, tuple):
+        fail("eps", f"must be torch's pair [eps1, eps2] for adafactor (eps1 = \"auto\" is torch's None: "
+                    f"the dtype's machine epsilon); received {eps!r}")
+    if name != "adafactor" and isinstance(eps, tuple):
+        fail("eps", f"must be a number for {name} (a pair is adafactor's); received {list(eps)!r}")
+    if name == "sgd" and hp.get("nesterov"):
+        if not hp.get("momentum", 0.0) > 0 or hp.get("dampening", 0.0) != 0:
+            fail("nesterov", "needs momentum > 0 and dampening = 0 (torch.optim.SGD); received momentum = "
+                             f"{hp.get('momentum')}, dampening = {hp.get('dampening')}")
+    if name in ("adam", "adamw") and hp.get("amsgrad_variant", "torch") != "torch" and not hp.get("amsgrad"):
+        fail("amsgrad_variant", f"is only used with amsgrad = true; received {hp['amsgrad_variant']!r}")
+    if name == "nadam" and not hp.get("momentum_schedule", True) and hp.get("momentum_decay") != DEFAULTS["nadam"]["momentum_decay"]:
+        fail("momentum_decay", "is not used with momentum_schedule = false (constant beta1, optax.nadam); "
+                               "leave it at its default")

@@ -1,0 +1,45 @@
+"""`[run]`: length of the run, device, seed, evaluation and logging cadence."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from conformance.config.base import NonNegInt, PosInt, Section, field_error
+
+
+class RunSpec(Section):
+    """How long to train (`epochs`, or `max_updates`, which overrides it), where (`device`), with
+    which seed, and how often to evaluate (`eval_every` updates, and after the last one; 0 = never)
+    and log (`log_every`: progress lines every N updates, unset = about 20 per run; metrics.jsonl
+    has every update). `compile`: torch.compile
+    the model (JAX always jits). `deterministic`: deterministic kernels (torch:
+    use_deterministic_algorithms, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG), which exact resume
+    needs on CUDA; the CPU kernels are deterministic without it. `parallel`: how several processes
+    (torchrun) share the work: "ddp" replicates the model, "fsdp" shards parameters, gradients and
+    optimizer state (torch FSDP2); one process ignores it.
+
+    `inject_nonfinite` is a testing aid: every micro-batch loss of each listed update is multiplied
+    by +inf before the backward pass on every backend (conformance.run.batches.injected), so a run
+    exercises the skip / loss-scale path at known updates, as a float16 overflow would."""
+
+    seed: NonNegInt = 0
+    epochs: PosInt = 5
+    max_updates: PosInt | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    eval_every: NonNegInt = 100
+    log_every: PosInt | None = None
+    progress: Literal["auto", "bar", "lines", "none"] = "auto"
+    tensorboard: bool = False
+    compile: bool = False
+    deterministic: bool = False
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    inject_nonfinite: list[NonNegInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunSpec":
+        if self.inject_nonfinite != sorted(set(self.inject_nonfinite)):
+            raise field_error("inject_nonfinite", f"must be strictly increasing update numbers; received "
+                                                  f"{self.inject_nonfinite}")
+        return self

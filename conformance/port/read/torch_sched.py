@@ -1,0 +1,183 @@
+"""Read a torch.optim.lr_scheduler object into the neutral `[schedule]` section (torch lazily).
+
+The schedule is described from update 0 with every group's *initial* lr (`base_lrs`; a stepped
+scheduler has already changed `group["lr"]`), and the scheduler's position (`last_epoch`, the
+update its next `optimizer.step()` performs) is returned beside it. SequentialLR becomes
+`sequential` (or `warmup_cosine` with convention "torch" for its LinearLR + CosineAnnealingLR
+pair); a ChainedScheduler multiplies its parts and is refused unless it has one; LambdaLR,
+MultiplicativeLR, CyclicLR and ReduceLROnPlateau have no closed form twinstep can read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from conformance.errors import UnsupportedError
+
+REFUSED = {
+    "LambdaLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read; "
+                "use the matching lr_scheduler class or write the [schedule] section by hand",
+    "MultiplicativeLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read",
+    "CyclicLR": "twinstep has no cyclic (triangular) schedule",
+    "ReduceLROnPlateau": "it follows a validation metric, not the update count (docs/contract.md §2)",
+    "SWALR": "twinstep has no stochastic weight averaging schedule",
+}
+
+
+class Read(NamedTuple):
+    """A scheduler read: the schedule section, each group's lr for [optimizer] (the scheduler's base
+    lr; OneCycleLR's max_lr), and the position (the update the next optimizer.step() performs)."""
+
+    schedule: dict[str, Any]
+    lrs: list[float]
+    position: int
+
+
+def _class(scheduler: Any) -> str:
+    from torch.optim import lr_scheduler
+
+    name = type(scheduler).__name__
+    if getattr(lr_scheduler, name, None) is not type(scheduler):
+        raise UnsupportedError(f"scheduler class {type(scheduler).__module__}.{type(scheduler).__qualname__} "
+                               f"cannot be translated: twinstep reads torch.optim.lr_scheduler's classes")
+    if name in REFUSED:
+        raise UnsupportedError(f"{name} cannot be translated: {REFUSED[name]}")
+    return name
+
+
+def _int(value: Any, what: str) -> int:
+    if float(value) != int(value):
+        raise UnsupportedError(f"{what} = {value!r} is not a whole number of updates")
+    return int(value)
+
+
+def _same(values: list[float], what: str) -> float:
+    if any(v != values[0] for v in values):
+        raise UnsupportedError(f"{what} differs between param groups ({values}); twinstep's schedule has one")
+    return float(values[0])
+
+
+def _exact_ratio(num: float, den: float, check: Any) -> float:
+    """A float within 4 ulps of num / den for which `check` holds, the shortest written one (torch
+    keeps only products such as max_lr / div_factor: the factor the user wrote is recovered)."""
+    x = up = down = num / den
+    candidates = [x]
+    for _ in range(4):
+        up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
+        candidates += [up, down]
+    fits = [c for c in candidates if check(c)]
+    return min(fits, key=lambda c: len(repr(c))) if fits else x
+
+
+def _onecycle(s: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    total = int(s.total_steps)
+    phases = s._schedule_phases
+    first = float(phases[0]["end_step"])
+    pct = _exact_ratio(first + 1, total, lambda p: float(p * total) - 1 == first)
+    g = groups[0]
+    div = _exact_ratio(g["max_lr"], g["initial_lr"], lambda d: g["max_lr"] / d == g["initial_lr"])
+    final = _exact_ratio(g["initial_lr"], g["min_lr"], lambda f: g["initial_lr"] / f == g["min_lr"])
+    for i, other in enumerate(groups[1:], 1):
+        if other["max_lr"] / div != other["initial_lr"] or other["initial_lr"] / final != other["min_lr"]:
+            raise UnsupportedError(f"OneCycleLR: param group {i} has another div_factor or final_div_factor")
+    out = {"name": "onecycle", "total_steps": total, "pct_start": pct, "anneal_strategy": s._anneal_func_type,
+           "div_factor": div, "final_div_factor": final, "three_phase": len(phases) == 3,
+           "cycle_momentum": bool(s.cycle_momentum)}
+    if s.cycle_momentum:
+        out["base_momentum"] = _same([gr["base_momentum"] for gr in groups], "OneCycleLR base_momentum")
+        out["max_momentum"] = _same([gr["max_momentum"] for gr in groups], "OneCycleLR max_momentum")
+    return out
+
+
+def _milestones(s: Any) -> list[int]:
+    counts = s.milestones
+    repeated = [m for m, n in counts.items() if n > 1]
+    if repeated:
+        raise UnsupportedError(f"MultiStepLR milestone {repeated[0]} is listed more than once (gamma applied "
+                               f"twice there); twinstep's milestones are distinct")
+    return sorted(int(m) for m in counts)
+
+
+def _single(s: Any, name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """One non-composite scheduler as a schedule table."""
+    if name == "ConstantLR":
+        return {"name": "constant", "factor": float(s.factor), "total_iters": int(s.total_iters)}
+    if name == "StepLR":
+        return {"name": "step", "step_size": int(s.step_size), "gamma": float(s.gamma)}
+    if name == "MultiStepLR":
+        return {"name": "multistep", "milestones": _milestones(s), "gamma": float(s.gamma)}
+    if name == "ExponentialLR":
+        return {"name": "exponential", "gamma": float(s.gamma)}
+    if name == "CosineAnnealingLR":
+        return {"name": "cosine", "t_max": _int(s.T_max, "CosineAnnealingLR T_max"), "eta_min": float(s.eta_min)}
+    if name == "LinearLR":
+        return {"name": "linear", "start_factor": float(s.start_factor), "end_factor": float(s.end_factor),
+                "total_iters": int(s.total_iters)}
+    if name == "PolynomialLR":
+        return {"name": "polynomial", "total_iters": int(s.total_iters), "power": float(s.power)}
+    if name == "CosineAnnealingWarmRestarts":
+        return {"name": "cosine_restarts", "t_0": int(s.T_0), "t_mult": int(s.T_mult), "eta_min": float(s.eta_min)}
+    if name == "OneCycleLR":
+        return _onecycle(s, groups)
+    raise UnsupportedError(f"{name} cannot be translated: twinstep has no such schedule")
+
+
+def _warmup_cosine(parts: list[dict[str, Any]], milestones: list[int]) -> dict[str, Any] | None:
+    """SequentialLR([LinearLR(sf, 1, W), CosineAnnealingLR(T - W, eta)], [W]) is warmup_cosine."""
+    if len(parts) != 2 or [p["name"] for p in parts] != ["linear", "cosine"]:
+        return None
+    warm, cos = parts
+    w = milestones[0]
+    if warm["end_factor"] != 1.0 or warm["total_iters"] != w:
+        return None
+    return {"name": "warmup_cosine", "warmup_steps": w, "total_steps": w + cos["t_max"],
+            "start_factor": warm["start_factor"], "eta_min": cos["eta_min"], "convention": "torch"}
+
+
+def _sequential(s: Any, groups: list[dict[str, Any]], base: list[float]) -> dict[str, Any]:
+    parts = []
+    for i, child in enumerate(s._schedulers):
+        name = _class(child)
+        if name in ("SequentialLR", "ChainedScheduler", "OneCycleLR"):
+            raise UnsupportedError(f"SequentialLR part {i} is a {name}; twinstep's sequential parts cannot be "
+                                   f"sequential, chained or onecycle (torch cannot restart them at a milestone)")
+        if [float(b) for b in child.base_lrs] != base:
+            raise UnsupportedError(f"SequentialLR part {i} starts from other base lrs {child.base_lrs} than {base}")
+        parts.append(_single(child, name, groups))
+    milestones = [int(m) for m in s._milestones]
+    return _warmup_cosine(parts, milestones) or {"name": "sequential", "milestones": milestones,
+                                                  "schedulers": parts}
+
+
+def _base_lrs(scheduler: Any, name: str, groups: list[dict[str, Any]]) -> list[float]:
+    if name == "OneCycleLR":
+        return [float(g["max_lr"]) for g in groups]  # each group peaks at its own lr
+    if name == "SequentialLR":
+        return [float(g["initial_lr"]) for g in groups]
+    if name == "ChainedScheduler":
+        return [float(b) for b in scheduler._schedulers[0].base_lrs]
+    return [float(b) for b in scheduler.base_lrs]
+
+
+def read_scheduler(scheduler: Any, optimizer: Any) -> Read:
+    """Translate `scheduler` (built on `optimizer`), see the module docstring."""
+    name = _class(scheduler)
+    if getattr(scheduler, "optimizer", None) is not optimizer:
+        raise UnsupportedError(f"the {name} was built on another optimizer than the one given")
+    groups = optimizer.param_groups
+    if name == "ChainedScheduler":
+        parts = list(scheduler._schedulers)
+        if len(parts) != 1:
+            raise UnsupportedError(f"ChainedScheduler of {len(parts)} schedulers cannot be translated: it "
+                                   f"multiplies their factors at every update, and twinstep's sequential runs "
+                                   f"schedules one after another")
+        inner = read_scheduler(parts[0], optimizer)
+        return Read(inner.schedule, inner.lrs, int(parts[0].last_epoch))
+    base = _base_lrs(scheduler, name, groups)
+    if name == "SequentialLR":
+        schedule = _sequential(scheduler, groups, base)
+    else:
+        schedule = _single(scheduler, name, groups)
+    position = _int(scheduler.last_epoch, f"{name}.last_epoch")
+    return Read(schedule, base, position)

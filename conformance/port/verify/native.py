@@ -1,0 +1,98 @@
+"""Native references for the porting checks: torch.optim objects stepped as they are, and the optax
+objects an optax-flavoured description names, built by optax itself. Same stream and `Trace` as
+conformance.port.verify.traces; torch, jax and optax are imported inside the functions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from conformance.port.verify.traces import MicroBatch, Trace
+
+# ------------------------------------------------------------------ native torch objects
+
+
+def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
+                     windows: list[list[MicroBatch]]) -> Trace:
+    """Step native torch objects over the stream (one micro-batch per update, no skips): set every
+    parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step()."""
+    import torch
+
+    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    out = Trace([], [], [], [])
+    for window in windows:
+        (mb,) = window
+        for name, p in named.items():
+            p.grad = torch.tensor(mb["g"][name], dtype=p.dtype)
+        lrs = {name: float(optimizer.param_groups[group_of[id(p)]]["lr"]) for name, p in named.items()
+               if id(p) in group_of}
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        out.params.append({k: p.detach().double().numpy().copy() for k, p in named.items()})
+        out.lrs.append(lrs)
+        out.skipped.append(False)
+    return out
+
+
+# ------------------------------------------------------------------ native optax
+
+
+def build_optax(tx: Any, x64: bool = True) -> Any:
+    """The optax object an optax-flavoured description names, built with optax itself (schedules
+    evaluated at a float64 count when `x64`: the spec's mathematics, not optax's float32 counts)."""
+    import jax.numpy as jnp
+    import optax
+
+    def value(v: Any) -> Any:
+        if isinstance(v, list):
+            return [value(x) for x in v]
+        if isinstance(v, Mapping) and len(v) == 1:
+            (name, args), = v.items()
+            if name == "chain":
+                return optax.chain(*[value(x) for x in args])
+            if hasattr(optax, name) and isinstance(args, Mapping):
+                kwargs = {k: value(a) for k, a in args.items()}
+                if name == "piecewise_constant_schedule" and kwargs.get("boundaries_and_scales"):
+                    kwargs["boundaries_and_scales"] = {int(k): s for k, s in args["boundaries_and_scales"].items()}
+                if name.endswith(("schedule", "schedules")) or name == "exponential_decay":
+                    sched = getattr(optax, name)(**kwargs)
+                    return (lambda c, s=sched: s(jnp.asarray(c, jnp.float64))) if x64 else sched
+                if name == "MultiSteps":
+                    kwargs["accumulator_dtype"] = jnp.float64 if x64 else jnp.float32
+                return getattr(optax, name)(**kwargs)
+        return v
+
+    if isinstance(tx, Mapping) and set(tx) <= {"chain", "MultiSteps"} | set(dir(optax)):
+        return value(tx if len(tx) == 1 else [{k: v} for k, v in tx.items()])
+    return value(tx)
+
+
+def run_native_optax(optax_table: Mapping[str, Any], params: Mapping[str, np.ndarray],
+                     windows: list[list[MicroBatch]]) -> Trace:
+    """Run the optax transform an [optax] table describes (no twinstep code) over the stream: every
+    micro-batch's gradient goes through tx.update (MultiSteps accumulates them), float64."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    table = {k: v for k, v in optax_table.items() if k != "no_weight_decay"}
+    tx = build_optax(table)
+    p = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
+    state = tx.init(p)
+
+    @jax.jit
+    def step(g: Any, state: Any, p: Any) -> tuple[Any, Any]:
+        updates, state = tx.update(g, state, p)
+        return optax.apply_updates(p, updates), state
+
+    out = Trace([], [], [], [])
+    for window in windows:
+        for mb in window:
+            p, state = step({k: jnp.asarray(v, jnp.float64) for k, v in mb["g"].items()}, state, p)
+        out.params.append({k: np.asarray(v, np.float64) for k, v in p.items()})
+        out.lrs.append({})
+        out.skipped.append(False)
+    return out

@@ -1,0 +1,172 @@
+"""A config as a runnable JAX/Optax snippet: an optax chain and a step function.
+
+The snippet imports only jax, optax (and math, fnmatch). Parameters are a flat {name: array} dict
+keyed by the neutral names (flatten a Flax tree with "." joins). `TX` is the chain: clipping, then
+one chain per parameter group (optax.multi_transform over twinstep's layout), wrapped in
+optax.inject_hyperparams so that the schedule's lr (and OneCycle's momentum) are set before every
+update from the schedule position, which holds on skipped updates as the spec says. Where optax's
+own math differs from the spec, the custom transform is written out (code_optax_parts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.config import Config
+from conformance.port.write import optax_parts as parts
+from conformance.port.write.common import block, header, layout, layout_code, lit
+from conformance.port.write.schedule_code import (
+    helpers,
+    momentum_schedule,
+    optax_schedule,
+)
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import cycled_hyperparameter, start_lrs
+
+
+def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[str]) -> str:
+    """The optax chain of one parameter group (hyper-parameter `lr_i`, and `momentum_i` if cycled)."""
+    name, hp = entry["optimizer"], entry["hyper"]
+    lr = f"lr_{i}"
+    out: list[str] = []
+
+    def use(*texts: str) -> None:
+        need.extend(t for t in texts if t not in need)
+
+    if hp.get("maximize"):
+        out.append("optax.scale(-1.0)")  # torch negates the gradient before the weight decay
+    wd = hp.get("weight_decay", 0.0)
+    decoupled = name in ("adamw", "lion") or bool(hp.get("decoupled_weight_decay"))
+    if wd and not decoupled and name not in ("adafactor", "muon"):
+        out.append(f"optax.add_decayed_weights({lit(wd)})")  # coupled (L2): before the moments
+    b1 = f"momentum_{i}" if cycled == "beta1" else lit(hp["betas"][0]) if "betas" in hp else None
+    b2 = lit(hp["betas"][1]) if "betas" in hp else None
+    if name == "sgd":
+        mom = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
+        if cycled or hp["momentum"] > 0:
+            if hp["dampening"] == 0:
+                out.append(f"optax.trace(decay={mom}, nesterov={hp['nesterov']})")
+            else:
+                use(parts.COUNT, parts.MOMENTUM)
+                out.append(f"torch_momentum({mom}, {lit(hp['dampening'])}, {hp['nesterov']})")
+    elif name in ("adam", "adamw"):
+        eps, root = lit(hp["eps"]), lit(hp["eps_root"])
+        variant = hp["amsgrad_variant"] if hp["amsgrad"] else None
+        if variant == "torch":
+            use(parts.COUNT, parts.AMSGRAD)
+            out.append(f"torch_amsgrad({b1}, {b2}, {eps}, {root})")
+        elif variant is not None:
+            raw = ", bias_correction_nu=False" if variant == "optax_raw" else ""
+            out.append(f"optax.scale_by_amsgrad(b1={b1}, b2={b2}, eps={eps}, eps_root={root}{raw})")
+        else:
+            out.append(f"optax.scale_by_adam(b1={b1}, b2={b2}, eps={eps}, eps_root={root})")
+    elif name == "rmsprop":
+        kind = "scale_by_stddev" if hp["centered"] else "scale_by_rms"
+        out.append(f"optax.{kind}(decay={lit(hp['alpha'])}, eps={lit(hp['eps'])}, eps_in_sqrt={hp['eps_in_sqrt']})")
+        if cycled or hp["momentum"] > 0:  # torch's order: the buffer before the lr
+            out.append(f"optax.trace(decay={f'momentum_{i}' if cycled else lit(hp['momentum'])})")
+    elif name == "adagrad":
+        if hp["eps_in_sqrt"]:
+            out.append(f"optax.scale_by_rss(initial_accumulator_value={lit(hp['initial_accumulator_value'])}, "
+                       f"eps={lit(hp['eps'])})")
+            if hp["lr_decay"]:
+                out.append(f"optax.scale_by_schedule(lambda c: 1 / (1 + c * {lit(hp['lr_decay'])}))")
+        else:
+            use(parts.COUNT, parts.ADAGRAD)
+            out.append(f"torch_adagrad({lit(hp['initial_accumulator_value'])}, {lit(hp['eps'])}, "
+                       f"{lit(hp['lr_decay'])})")
+    elif name == "adamax":
+        out.append(f"optax.scale_by_adamax(b1={b1}, b2={b2}, eps={lit(hp['eps'])})")
+    elif name == "nadam":
+        if hp["momentum_schedule"]:
+            use(parts.COUNT, parts.NADAM)
+            out.append(f"torch_nadam({b1}, {b2}, {lit(hp['eps'])}, {lit(hp['momentum_decay'])})")
+        else:
+            out.append(f"optax.scale_by_adam(b1={b1}, b2={b2}, eps={lit(hp['eps'])}, nesterov=True)")
+    elif name == "radam":
+        use(parts.COUNT, parts.RADAM)
+        out.append(f"torch_radam({b1}, {b2}, {lit(hp['eps'])})")
+    elif name == "lion":
+        out.append(f"optax.scale_by_lion(b1={b1}, b2={b2})")
+    elif name == "adafactor":
+        use(parts.ADAFACTOR)
+        e1, e2 = hp["eps"]
+        out.append(f"torch_adafactor({lr}, {lit(hp['beta2_decay'])}, {None if e1 == 'auto' else lit(e1)}, "
+                   f"{lit(e2)}, {lit(hp['d'])}, {lit(wd)})")
+        return "optax.chain(" + ", ".join(out) + ")"
+    elif name == "muon":
+        use(parts.COUNT, parts.MUON)
+        out.append(f"torch_muon({lr}, {lit(hp['momentum'])}, {hp['nesterov']}, {lit(tuple(hp['ns_coefficients']))}, "
+                   f"{hp['ns_steps']}, {lit(hp['eps'])}, {lit(wd)}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
+        return "optax.chain(" + ", ".join(out) + ")"
+    if wd and decoupled:
+        out.append(f"optax.add_decayed_weights({lit(wd)})")  # decoupled: lr * wd * p
+    out.append(f"optax.scale_by_learning_rate({lr})")
+    return "optax.chain(\n            " + ",\n            ".join(out) + ",\n        )"
+
+
+def _clip(config: Config, need: list[str]) -> str | None:
+    c = config.clip
+    if c.mode == "none":
+        return None
+    if c.mode == "value":
+        return f"optax.clip({lit(c.clip_value)})"
+    if c.mode == "global_norm" and c.eps == 0 and c.norm_type == 2:
+        return f"optax.clip_by_global_norm({lit(c.max_norm)})"
+    need.extend(t for t in (parts.NORM, parts.CLIP) if t not in need)
+    return (f"clip_by_norm_torch({lit(c.max_norm)}, {lit(c.eps)}, {lit(c.norm_type)}, "
+            f"per_parameter={c.mode == 'per_parameter'})")
+
+
+def tx_code(config: Config, need: list[str]) -> str:
+    """LR_SCHEDULES, the make_tx factory and TX."""
+    entries = layout(config)
+    cycled = cycled_hyperparameter(config.schedule, config.optimizer)
+    used: set[str] = set()
+    bases = start_lrs(config.schedule, group_base_lrs(config.optimizer))
+    scheds = [optax_schedule(config.schedule, used, lit(b)) for b in bases]
+    lines = ["LR_SCHEDULES = [  # one per group: the lr at a (float) schedule step",
+             *(f"    {s}," for s in scheds), "]"]
+    if cycled:
+        lines.append(f"MOMENTUM_SCHEDULE = {momentum_schedule(config.schedule, used)}  # OneCycle's {cycled}")
+    chains = [_group_chain(e, i, cycled, need) for i, e in enumerate(entries)]
+    clip = _clip(config, need)
+    names = [f"lr_{i}" for i in range(len(entries))] + ([f"momentum_{i}" for i in range(len(entries))]
+                                                        if cycled else [])
+    args = ", ".join(names)
+    if len(entries) == 1:
+        inner = "\n".join(line[4:] if i else line for i, line in enumerate(chains[0].split("\n")))
+    else:
+        body = "".join(f'        "g{i}": {c},\n' for i, c in enumerate(chains))
+        inner = "optax.multi_transform({\n" + body + "    }, param_labels)"
+    whole = f"optax.chain({clip}, {inner})" if clip else inner
+    tx = (f"def make_tx({args}):\n    \"\"\"The whole chain; inject_hyperparams feeds it the values of every update.\"\"\"\n"
+          f"    return {whole}\n\n\n"
+          f"TX = optax.inject_hyperparams(make_tx)(**{{n: jnp.asarray(0.0, PARAM_DTYPE) for n in {names!r}}})")
+    labels = block('''
+        def param_labels(params):
+            """Each parameter's group label ("g0", "g1", ...) in twinstep's layout."""
+            return {name: f"g{group_index(name, p.ndim)}" for name, p in params.items()}
+        ''')
+    return "\n\n\n".join(filter(None, [helpers(used), "\n".join(lines), labels, tx]))
+
+
+IMPORTS = "import fnmatch\nimport math\nfrom typing import NamedTuple\n\nimport jax\nimport jax.numpy as jnp\nimport optax"
+
+
+def optax_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> str:
+    """The whole snippet for `config` (see the module docstring)."""
+    from conformance.port.write.optax_step import step_code
+
+    need: list[str] = []
+    p = config.precision
+    x64 = ('if not jax.config.jax_enable_x64:  # a float64 spec: JAX needs 64-bit types\n'
+           '    jax.config.update("jax_enable_x64", True)' if p.param_dtype == "float64" else "")
+    upe = updates_per_epoch if config.schedule.unit == "epoch" else 1
+    consts = "\n".join(filter(None, [x64, f"PARAM_DTYPE = jnp.{p.param_dtype}",
+                                     f"COMPUTE_DTYPE = jnp.{p.compute_dtype}", f"UPDATES_PER_EPOCH = {upe}"]))
+    tx = tx_code(config, need)
+    pieces = [header(config, "optax", source),
+              IMPORTS,
+              consts, layout_code(config), *(t.strip("\n") for t in need), tx, step_code(config)]
+    return "\n\n\n".join(pieces) + "\n"

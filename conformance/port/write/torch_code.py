@@ -1,0 +1,188 @@
+"""A config as a runnable PyTorch snippet: torch.optim + lr_scheduler + one training update.
+
+The snippet imports only torch (and math, fnmatch). `Updater(model)` builds the optimizer (twinstep's
+parameter groups from the name patterns), the scheduler and, with dynamic loss scaling, a
+torch.amp.GradScaler; `updater(window, loss_fn)` runs one update exactly as the spec says:
+accumulate over the micro-batches, unscale before clipping, skip a non-finite update (parameters,
+optimizer state and, by default, the schedule held), step the scheduler after optimizer.step().
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.config import Config
+from conformance.errors import UnsupportedError
+from conformance.port.write import torch_parts as parts
+from conformance.port.write.common import block, header, layout, layout_code, lit
+from conformance.port.write.schedule_code import torch_scheduler_code
+
+CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW",
+           "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad", "adamax": "torch.optim.Adamax",
+           "nadam": "torch.optim.NAdam", "radam": "torch.optim.RAdam", "adafactor": "torch.optim.Adafactor",
+           "muon": "torch.optim.Muon", "lion": "Lion"}
+OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype"}  # twinstep-only fields
+NADAM_SCHEDULE_OFF = 1e9  # 0.96 ** (t * 1e9) underflows to 0: torch's mu_t is exactly beta1
+
+
+def _class_for(name: str, groups: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """(class expression, source texts it needs) for the groups of one optimizer."""
+    if name == "lion":
+        return "Lion", [parts.BASE, parts.LION]
+    if name in ("adam", "adamw") and any(g["eps_root"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
+                                         for g in groups):
+        return "AdamOptax", [parts.BASE, parts.ADAM]
+    if name == "rmsprop" and any(g["eps_in_sqrt"] for g in groups):
+        return "RMSpropEpsInSqrt", [parts.BASE, parts.RMSPROP]
+    if name == "adagrad" and any(g["eps_in_sqrt"] for g in groups):
+        return "AdagradEpsInSqrt", [parts.BASE, parts.ADAGRAD]
+    if name == "muon" and any(g["ns_dtype"] != "bfloat16" for g in groups):
+        return "FloatMuon", [parts.FLOAT_MUON]
+    return CLASSES[name], []
+
+
+def _torch_hyper(name: str, hp: dict[str, Any], custom: bool) -> dict[str, Any]:
+    """A group's hyper-parameters as torch constructor arguments."""
+    out = dict(hp)
+    if name == "nadam" and not out.pop("momentum_schedule"):
+        out["momentum_decay"] = NADAM_SCHEDULE_OFF
+    if name == "adafactor":
+        out["eps"] = tuple(None if e == "auto" else e for e in out["eps"])
+    if name in ("adam", "adamw") and custom:
+        out["decoupled_weight_decay"] = name == "adamw" or out.get("decoupled_weight_decay", False)
+    if "betas" in out:
+        out["betas"] = tuple(out["betas"])
+    if "ns_coefficients" in out:
+        out["ns_coefficients"] = tuple(out["ns_coefficients"])
+    keep = set() if not custom else {"eps_root", "amsgrad_variant", "eps_in_sqrt"}
+    return {k: v for k, v in out.items() if k not in OWN or k in keep}
+
+
+def optimizer_code(config: Config) -> tuple[str, list[str]]:
+    """(the body of build_optimizer, extra source texts)."""
+    entries = layout(config)
+    extra: list[str] = []
+    classes: dict[str, str] = {}
+    for name in dict.fromkeys(e["optimizer"] for e in entries):
+        cls, texts = _class_for(name, [e["hyper"] for e in entries if e["optimizer"] == name])
+        classes[name] = cls
+        extra += [t for t in texts if t not in extra]
+    rows = []
+    for e in entries:
+        custom = classes[e["optimizer"]] in ("AdamOptax", "RMSpropEpsInSqrt", "AdagradEpsInSqrt")
+        hyper = _torch_hyper(e["optimizer"], e["hyper"], custom)
+        if config.optimizer.name == "muon":
+            hyper["use_muon"] = not e["fallback"]
+        rows.append(f"    {lit(hyper)},")
+    lines = ["HYPER = [  # each group's hyper-parameters, in LAYOUT order", *rows, "]", "", "",
+             "def param_groups(named_parameters):",
+             '    """torch param groups in twinstep\'s layout (zero-size parameters are left out)."""',
+             '    groups = [{"params": [], **hyper} for hyper in HYPER]',
+             "    for name, p in named_parameters:",
+             "        if p.numel() > 0:",
+             '            groups[group_index(name, p.ndim)]["params"].append(p)',
+             "    return groups", "", ""]
+    lines += _build_function(config, classes, extra)
+    return "\n".join(lines), extra
+
+
+def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -> list[str]:
+    name = config.optimizer.name
+    body = ["def build_optimizer(named_parameters):", '    """The optimizer of the spec."""']
+    if name == "muon":
+        fb = config.optimizer.fallback.name  # type: ignore[union-attr]
+        if fb == "nadam" or fb == "adagrad":
+            raise UnsupportedError(f"to_code: muon with a {fb} fallback is not written out; use adamw, adam or sgd")
+        muon_cls = classes["muon"]
+        body.append(f"    optimizer = MuonWithFallback(param_groups(named_parameters), {classes[fb]}, {muon_cls})")
+        extra.append(parts.MUON_FALLBACK)
+        if muon_cls == "FloatMuon":
+            body.insert(0, f"NS_DTYPE = torch.{config.optimizer.ns_dtype}\n\n")
+        return body + ["    return optimizer"]
+    cls = classes[name]
+    if cls == "torch.optim.Adagrad":
+        # torch fills every accumulator with the constructor's value; the spec with each group's
+        init = config.optimizer.initial_accumulator_value
+        body += [f"    optimizer = {cls}(param_groups(named_parameters), initial_accumulator_value={lit(init)})",
+                 "    for group in optimizer.param_groups:  # the spec starts each group from its own value",
+                 "        for p in group[\"params\"]:",
+                 "            optimizer.state[p][\"sum\"].fill_(group[\"initial_accumulator_value\"])"]
+    else:
+        body.append(f"    optimizer = {cls}(param_groups(named_parameters))")
+    if cls == "torch.optim.NAdam":
+        extra.append(parts.NADAM_HOOK)
+        body.append("    optimizer.register_step_pre_hook(float64_mu_product)")
+    return body + ["    return optimizer"]
+
+
+def _clip_code(config: Config) -> list[str]:
+    c = config.clip
+    if c.mode == "none":
+        return []
+    if c.mode == "value":
+        return [f"torch.nn.utils.clip_grad_value_(self.params, {lit(c.clip_value)})"]
+    err = f", error_if_nonfinite={c.error_if_nonfinite}" if c.error_if_nonfinite else ""
+    if c.mode == "per_parameter":
+        if c.eps == 1e-6:
+            return ["for p in self.params:  # every parameter clipped on its own",
+                    f"    torch.nn.utils.clip_grad_norm_([p], {lit(c.max_norm)}, {lit(c.norm_type)}{err})"]
+        return ["for g in grads:  # every parameter clipped on its own",
+                f"    clip_by_norm([g], torch.nn.utils.get_total_norm([g], {lit(c.norm_type)}))"]
+    if c.eps == 1e-6:
+        return [f"torch.nn.utils.clip_grads_with_norm_(self.params, {lit(c.max_norm)}, norm)"]
+    return ["clip_by_norm(grads, norm)"]
+
+
+def _clip_helper(config: Config) -> str:
+    c = config.clip
+    if c.mode not in ("global_norm", "per_parameter") or c.eps == 1e-6:
+        return ""
+    if c.eps == 0:
+        return block(f'''
+            def clip_by_norm(grads, norm, max_norm={lit(c.max_norm)}):
+                """optax.clip_by_global_norm's rule (clip.eps = 0): untouched below max_norm, else g / n * c."""
+                if norm >= max_norm:
+                    for g in grads:
+                        g.mul_(1.0 / norm).mul_(max_norm)
+            ''')
+    return block(f'''
+        def clip_by_norm(grads, norm, max_norm={lit(c.max_norm)}, eps={lit(c.eps)}):
+            """clip_grad_norm_'s rule with the spec's eps: g * min(max_norm / (n + eps), 1)."""
+            coef = torch.clamp(max_norm / (norm + eps), max=1.0)
+            for g in grads:
+                g.mul_(coef)
+        ''')
+
+
+def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> str:
+    """The whole snippet for `config` (see the module docstring)."""
+    opt_body, extra = optimizer_code(config)
+    sched = block(torch_scheduler_code(config.schedule), 4)
+    pieces = [header(config, "torch", source), "import fnmatch\nimport math\n\nimport torch\n"
+              "from torch.optim import lr_scheduler", layout_code(config)]
+    pieces += [t.strip("\n") for t in extra]
+    pieces += [opt_body, 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
+               'optimizer.step(), once per update."""\n' + sched]
+    if config.schedule.unit == "epoch":
+        pieces.append(block(f'''
+            UPDATES_PER_EPOCH = {updates_per_epoch}
+
+
+            class PerEpoch:
+                """unit = "epoch": the schedule steps once every UPDATES_PER_EPOCH (applied) updates."""
+
+                def __init__(self, scheduler, n=UPDATES_PER_EPOCH):
+                    self.scheduler, self.n, self.count = scheduler, n, 0
+
+                def step(self):
+                    self.count += 1
+                    if self.count % self.n == 0:
+                        self.scheduler.step()
+            '''))
+    helper = _clip_helper(config)
+    if helper:
+        pieces.append(helper)
+    from conformance.port.write.torch_step import updater_code
+
+    pieces.append(updater_code(config, _clip_code(config)))
+    return "\n\n\n".join(p for p in pieces if p) + "\n"

@@ -1,0 +1,107 @@
+"""The `Updater` class of a torch snippet: one optimizer update per call, as the spec says."""
+
+from __future__ import annotations
+
+from conformance.config import Config
+from conformance.port.write.common import block, lit
+
+
+def _loss_lines(config: Config) -> list[str]:
+    if config.accumulation.normalize == "tokens":
+        # the window's element count is known before the first forward pass (the 2024 fix)
+        return ["total = sum(float(count_fn(y)) for _, y in window)  # valid elements of the window",
+                "for x, y in window:",
+                "    with torch.autocast(self.device_type, dtype=COMPUTE_DTYPE, enabled=AUTOCAST):",
+                "        output = self.model(x)",
+                "    part = loss_fn(output.to(PARAM_DTYPE), y) / total  # loss_fn sums over the elements",
+                "    (self.scaler.scale(part) if self.scaler else part).backward()",
+                "    loss += part.detach()"]
+    return ["for x, y in window:",
+            "    with torch.autocast(self.device_type, dtype=COMPUTE_DTYPE, enabled=AUTOCAST):",
+            "        output = self.model(x)",
+            "    part = loss_fn(output.to(PARAM_DTYPE), y) / len(window)  # an incomplete window: its own size",
+            "    (self.scaler.scale(part) if self.scaler else part).backward()",
+            "    loss += part.detach()"]
+
+
+def _policy_lines(config: Config) -> list[str]:
+    p = config.precision
+    if p.on_nonfinite == "raise":
+        return ['    raise FloatingPointError("non-finite loss or gradient (on_nonfinite = \'raise\'); not applied")']
+    if p.max_consecutive_skips is None:
+        return []
+    return [f"    if self.skipped_in_a_row > {p.max_consecutive_skips}:",
+            f'        raise FloatingPointError(f"{{self.skipped_in_a_row}} consecutive updates skipped for '
+            f'non-finite values (max_consecutive_skips = {p.max_consecutive_skips})")']
+
+
+def updater_code(config: Config, clip: list[str]) -> str:
+    """The Updater class (clip: the clipping statements, run on unscaled, finite gradients)."""
+    p, a = config.precision, config.accumulation
+    scaler = "None"
+    if p.dynamic_scaling:
+        scaler = (f"torch.amp.GradScaler(self.device_type, init_scale={lit(p.init_scale)}, growth_factor="
+                  f"{lit(p.growth_factor)},\n{' ' * 38}backoff_factor={lit(p.backoff_factor)}, "
+                  f"growth_interval={p.growth_interval})")
+    sched = "PerEpoch(build_scheduler(self.optimizer))" if config.schedule.unit == "epoch" else \
+        "build_scheduler(self.optimizer)"
+    tokens = a.normalize == "tokens"
+    call = "window, loss_fn, count_fn" if tokens else "window, loss_fn"
+    what = ("loss_fn(output, y) -> the loss summed over y's valid elements; count_fn(y) -> their number"
+            if tokens else "loss_fn(output, y) -> the micro-batch's mean loss")
+    advance = "finite" if p.schedule_on_skip == "hold" else "True"
+    head = block(f'''
+        PARAM_DTYPE = torch.{p.param_dtype}  # master weights and optimizer state (build the model in it)
+        COMPUTE_DTYPE = torch.{p.compute_dtype}
+        AUTOCAST = {p.autocast}
+        NORM_TYPE = {lit(config.clip.norm_type)}
+        torch.backends.cuda.matmul.allow_tf32 = {p.allow_tf32}
+
+
+        class Updater:
+            """One optimizer update per call: accumulate over the window's micro-batches ({a.steps} per
+            update, normalize = "{a.normalize}"), unscale, skip a non-finite update, clip, step."""
+
+            def __init__(self, model):
+                self.model = model
+                self.params = [q for q in model.parameters() if q.requires_grad]
+                self.device_type = self.params[0].device.type
+                self.optimizer = build_optimizer(model.named_parameters())
+                self.scheduler = {sched}
+                self.scaler = {scaler}
+                self.skipped_in_a_row = 0
+
+            def __call__(self, {call}):
+                """window: a list of (x, y) micro-batches; {what}.
+                Returns {{"loss", "grad_norm" (before clipping), "skipped", "lr" (per group)}}."""
+                lr = [group["lr"] for group in self.optimizer.param_groups]
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = 0.0
+        ''')
+    body = _loss_lines(config) + [
+        "grads = [q.grad for q in self.params if q.grad is not None]",
+    ]
+    if p.dynamic_scaling:
+        body += [
+            "inv = torch.tensor(1.0 / self.scaler.get_scale()).float()  # GradScaler's float32 1 / scale",
+            "checks = [torch.isfinite(loss)] + [torch.isfinite(g.abs().amax() * inv) for g in grads]",
+            "finite = bool(torch.stack(checks).all())  # the loss and every unscaled gradient: one sync",
+            "if not finite:  # GradScaler checks the scaled gradients only; the spec also the loss and the unscaled",
+            '    grads[0].view(-1)[0] = float("nan")  # let the scaler see the skip and back off',
+            "self.scaler.unscale_(self.optimizer)  # unscale before clipping",
+        ]
+    else:
+        body += ["checks = [torch.isfinite(loss)] + [torch.isfinite(g).all() for g in grads]",
+                 "finite = bool(torch.stack(checks).all())  # the loss and every gradient: one sync"]
+    body += ["norm = torch.nn.utils.get_total_norm(grads, NORM_TYPE)",
+             "if finite:", *("    " + line for line in clip),
+             "    self.optimizer.step()" if not p.dynamic_scaling else "    self.scaler.step(self.optimizer)",
+             "    self.skipped_in_a_row = 0",
+             "else:  # skipped: parameters and optimizer state stay as they are",
+             "    self.skipped_in_a_row += 1", *_policy_lines(config)]
+    if p.dynamic_scaling:
+        body.append("self.scaler.update()")
+    body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
+             "    self.scheduler.step()",
+             'return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}']
+    return head + "\n" + block("\n".join(body), 8)

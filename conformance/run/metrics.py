@@ -1,0 +1,187 @@
+"""Training metrics: `metrics.jsonl` (docs/contract.md §5), progress display, optional TensorBoard.
+
+Both trainers write the same records through `MetricsLog`, so `twinstep compare` can diff a torch
+run against a JAX run line by line. Every update writes
+
+    {"event": "update", "update", "epoch", "samples_seen", "loss", "lr" (one per param group),
+     "grad_norm" (before clipping), "loss_scale" (null when unscaled), "skipped",
+     "data_time_s", "compute_time_s", "samples_per_s", ...extras}
+
+and every evaluation `{"event": "eval", "update", "val_loss", ...metrics}`. A resumed run first cuts
+the file back to the records before the checkpoint it resumes from, so the continued file equals
+the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from conformance.errors import TwinstepError
+
+UPDATE_KEYS: tuple[str, ...] = (
+    "event", "update", "epoch", "samples_seen", "loss", "lr", "grad_norm", "loss_scale", "skipped",
+    "data_time_s", "compute_time_s", "samples_per_s",
+)
+EVAL_KEYS: tuple[str, ...] = ("event", "update", "val_loss")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/Inf become the strings "nan"/"inf"/"-inf" (strict JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _number(value: Any) -> Any:
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl, with "nan"/"inf" turned back into floats."""
+    records = []
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise TwinstepError(f"{path}: no such metrics file") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # a torn last line from a killed run is not data
+                break
+            raise TwinstepError(f"{path}:{i}: not a JSON object") from None
+        records.append({k: (_number(v) if not isinstance(v, list) else [_number(x) for x in v])
+                        for k, v in rec.items()})
+    return records
+
+
+def updates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("event") == "update"]
+
+
+def evals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("event") == "eval"]
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl writer (line-buffered, flushed per record) with a progress view.
+
+    `resume_from=u` keeps only records of updates < u (an interrupted run may have logged updates
+    it never checkpointed); `progress` is "auto" (a bar on a terminal, plain lines otherwise),
+    "bar", "lines" or "none"; `tensorboard` writes event files under DIR/tensorboard when the
+    tensorboard package is installed.
+    """
+
+    def __init__(self, out_dir: str | Path, total_updates: int, resume_from: int | None = None,
+                 progress: str = "auto", tensorboard: bool = False, log_every: int | None = None,
+                 stream: TextIO | None = None) -> None:
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.total = total_updates
+        # unset: about 20 progress lines per run; metrics.jsonl has every update either way
+        self.log_every = max(1, log_every if log_every is not None else total_updates // 20)
+        self.stream = stream or sys.stderr
+        if resume_from is not None and self.path.exists():
+            self._truncate(resume_from)
+        elif resume_from is None and self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a", buffering=1)
+        mode = progress
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "lines"
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_updates, initial=resume_from or 0, file=self.stream,
+                             dynamic_ncols=True, unit="upd")
+        self._mode = mode
+        self._tb = _tensorboard_writer(Path(out_dir) / "tensorboard") if tensorboard else None
+
+    def _truncate(self, before: int) -> None:
+        keep = [r for r in read_metrics(self.path) if r.get("update", 0) < before]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for r in keep:
+                f.write(json.dumps(_clean(r)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def log_update(self, record: Mapping[str, Any]) -> None:
+        rec = {"event": "update", **record}
+        self._file.write(json.dumps(_clean(rec)) + "\n")
+        u = int(rec["update"])
+        if self._tb is not None:
+            for key in ("loss", "grad_norm", "loss_scale", "samples_per_s"):
+                if isinstance(rec.get(key), (int, float)):
+                    self._tb.add_scalar(f"train/{key}", rec[key], u)
+            for i, lr in enumerate(rec.get("lr") or []):
+                self._tb.add_scalar(f"train/lr/group{i}", lr, u)
+        if self._bar is not None:
+            self._bar.update(1)
+            if u % self.log_every == 0:
+                self._bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4g}",
+                                      lr=f"{(rec.get('lr') or [0])[0]:.3g}", refresh=False)
+        elif self._mode == "lines" and (u % self.log_every == 0 or u + 1 == self.total):
+            scale = rec.get("loss_scale")
+            extra = f" scale {scale:g}" if isinstance(scale, (int, float)) else ""
+            skip = " SKIPPED" if rec.get("skipped") else ""
+            self.stream.write(
+                f"update {u + 1}/{self.total} epoch {rec.get('epoch')} loss {rec.get('loss', float('nan')):.6g} "
+                f"lr {(rec.get('lr') or [0])[0]:.4g} grad_norm {rec.get('grad_norm', float('nan')):.4g}"
+                f"{extra}{skip} {rec.get('samples_per_s', 0):.0f} samples/s\n")
+
+    def log_eval(self, record: Mapping[str, Any]) -> None:
+        rec = {"event": "eval", **record}
+        self._file.write(json.dumps(_clean(rec)) + "\n")
+        if self._tb is not None:
+            for key, value in rec.items():
+                if key not in ("event", "update") and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"eval/{key}", value, int(rec["update"]))
+        if self._mode in ("lines", "bar"):
+            parts = " ".join(f"{k} {v:.6g}" for k, v in rec.items()
+                             if k not in ("event", "update") and isinstance(v, (int, float)))
+            # counted as the progress lines count (updates done); metrics.jsonl keeps the index
+            line = f"eval after update {int(rec['update']) + 1}/{self.total}: {parts}\n"
+            if self._bar is not None:
+                self._bar.write(line.rstrip(), file=self.stream)
+            else:
+                self.stream.write(line)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _tensorboard_writer(path: Path) -> Any:
+    try:
+        import tensorboard  # noqa: F401  (torch's SummaryWriter needs the package)
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise TwinstepError("run.tensorboard = true needs the tensorboard package: pip install 'twinstep[tensorboard]'") from None
+    return SummaryWriter(str(path))
+
