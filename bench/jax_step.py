@@ -77,7 +77,7 @@ def step_pair(config: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
     from conformance.run.batches import window_counts
     from conformance.run.counters import Counters
     from ref_jax import _train_state as ts
-    from ref_jax._sharding import placement
+    from ref_jax._parallel import placement
     from ref_jax._train_step import make_train_step
 
     data = DataPipeline(config)

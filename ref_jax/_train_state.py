@@ -26,7 +26,7 @@ from conformance.errors import CheckpointError
 from conformance.run import records
 from conformance.run.session import Run
 from ref_jax import backend
-from ref_jax._sharding import Placement
+from ref_jax._parallel import Placement
 from ref_jax._train_step import TrainState
 from ref_jax._update import UpdateState
 from ref_jax._window import WindowLayout, rows_for

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from conformance.config import Config
 from conformance.rules.schedules import cycled_hyperparameter
-from ref_jax._sharding import Placement
+from ref_jax._parallel import Placement
 from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
 from ref_jax._window import WindowLayout, masked_loss, window_grads
 from ref_jax.losses import LossOutput, compute_loss

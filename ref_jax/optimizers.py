@@ -33,7 +33,7 @@ from conformance.errors import InputError
 from conformance.rules.groups import ParamGroup
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_jax import _combine, _leaf
+from ref_jax import _assembly, _elementwise
 from ref_jax.backend import framework_dtype, to_numpy
 
 
@@ -46,7 +46,7 @@ def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
     dict, `update(grads, state, params, present=None)`, where present[name] = False marks a
     parameter without a gradient in this update (not updated, state untouched, as torch does for
     `grad is None`). Zero-size parameters are left out of the optimizer on both sides."""
-    tx, _ = _combine.make(spec, dict(named_params))
+    tx, _ = _assembly.make(spec, dict(named_params))
     return tx
 
 
@@ -61,10 +61,10 @@ def set_group_hyperparams(state: Any, group: int, **values: Any) -> Any:
     betas=(0.85, 0.999). Torch: changes optimizer.param_groups[group] in place and returns the
     optimizer; JAX: returns a new state (jittable, no recompilation). Unknown names raise
     ConfigError."""
-    return _combine.set_hyperparams(state, group, values)
+    return _assembly.set_hyperparams(state, group, values)
 
 
-def _groups(state: _combine.OptimizerState) -> list[ParamGroup]:
+def _groups(state: _assembly.OptimizerState) -> list[ParamGroup]:
     plan = state.plan
     out = []
     for gi, opt in enumerate(plan.optimizers):
@@ -92,7 +92,7 @@ def export_state(state: Any) -> dict[str, Any]:
             continue
         entry: dict[str, np.ndarray] = {}
         for field, value in zip(leaf._fields, leaf):
-            if value is None or field in _leaf.INTERNAL_FIELDS:
+            if value is None or field in _elementwise.INTERNAL_FIELDS:
                 continue
             if field == "momentum_buffer" and not bool(getattr(leaf, "initialized", True)):
                 continue  # sgd / rmsprop: torch has created no buffer
@@ -109,7 +109,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
     plan = state.plan
     entries = _entries(neutral)
     check_state(_groups(state), dict(zip(plan.names, plan.shapes)), entries)
-    leaves = dict(_combine.fresh_state(plan, state.hyperparams).leaves)
+    leaves = dict(_assembly.fresh_state(plan, state.hyperparams).leaves)
     for name, entry in entries.items():
         gi = plan.group_index[plan.names.index(name)]
         fresh = leaves[name]
@@ -124,7 +124,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
             else:
                 values[field] = jnp.asarray(np.asarray(entry[field])).astype(cur.dtype)
         leaves[name] = type(fresh)(**values)
-    return _combine.OptimizerState(plan, state.hyperparams, leaves)
+    return _assembly.OptimizerState(plan, state.hyperparams, leaves)
 
 
 def _entries(neutral: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
@@ -135,7 +135,7 @@ def _entries(neutral: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
 
 @jax.jit
 def _step(params: Any, grads: Any, present: Any, state: Any) -> tuple[Any, Any]:
-    updates, state = _combine.apply(grads, state, params, present)
+    updates, state = _assembly.apply(grads, state, params, present)
     return optax.apply_updates(params, updates), state
 
 

@@ -18,7 +18,7 @@ the tolerance of the dtype (docs/jax_trainer.md). A plain loop over small parts:
 Precision: ref_jax.precision.numerics_context wraps the run (64-bit types only for float64 runs;
 float32 matmuls at full precision unless precision.allow_tf32); bfloat16/float16 through the
 dtype Policy. Devices: every device of run.device in one Mesh, each batch split over them
-(ref_jax._sharding); global batch = data.batch_size × accumulation.steps whatever their number.
+(ref_jax._parallel); global batch = data.batch_size × accumulation.steps whatever their number.
 
 Contract shared by every backend's `train` (same signature and docstring):
 
@@ -72,7 +72,7 @@ from conformance.run.records import (
 from conformance.run.session import Run, TrainResult, open_run
 from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
-from ref_jax._sharding import placement
+from ref_jax._parallel import placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step, specs_of
 from ref_jax._update import finish_update
 from ref_jax._window import pad_rows

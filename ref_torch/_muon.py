@@ -15,7 +15,7 @@ import torch
 from torch.optim import Muon, Optimizer
 from torch.optim._muon import _adjust_lr
 
-from ref_torch._functional import closure_loss
+from ref_torch._elementwise import closure_loss
 
 
 def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,

@@ -32,7 +32,7 @@ from conformance.errors import ConfigError, InputError
 from conformance.rules.groups import ParamGroup, resolve_groups
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_torch import _build, _muon
+from ref_torch import _assembly, _muon
 from ref_torch.backend import framework_dtype, to_numpy
 
 
@@ -55,17 +55,17 @@ def _build_optimizer(spec: OptimizerSpec, named_params: Any, impl: str = "auto")
     dicts = []
     for g in groups:
         kept = [n for n in g.names if named[n].numel() > 0]
-        d = {"params": [named[n] for n in kept], "param_names": kept, **_build.torch_kwargs(g),
+        d = {"params": [named[n] for n in kept], "param_names": kept, **_assembly.torch_kwargs(g),
              "label": g.label, "optimizer_name": g.optimizer}
         if spec.name == "muon":
             d["use_muon"] = not g.fallback
         dicts.append(d)
     if spec.name != "muon":
-        opt = _build.make_single(spec.name, dicts, impl)
+        opt = _assembly.make_single(spec.name, dicts, impl)
     else:
         fb = spec.fallback.name  # type: ignore[union-attr]
         opt = _muon.MuonWithFallback(
-            dicts, lambda gs: _build.make_single("muon", gs, impl), lambda gs: _build.make_single(fb, gs, impl))
+            dicts, lambda gs: _assembly.make_single("muon", gs, impl), lambda gs: _assembly.make_single(fb, gs, impl))
     _reset_adagrad(opt, groups)
     return opt
 
@@ -140,7 +140,7 @@ def export_state(state: Any) -> dict[str, Any]:
     (arrays in their own dtype; `step` entries int64). Parameters never updated have no entry."""
     out: dict[str, dict[str, np.ndarray]] = {}
     for group in state.param_groups:
-        names = _build.neutral_names(group["optimizer_name"], group)
+        names = _assembly.neutral_names(group["optimizer_name"], group)
         for name, p in zip(group["param_names"], group["params"]):
             st = state.state.get(p, {})
             if not st or float(st.get("step", 0)) == 0:
@@ -184,7 +184,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
     check_state(_groups(state), shapes, entries)
     for group in state.param_groups:
         opt = group["optimizer_name"]
-        to_torch = {v: k for k, v in _build.neutral_names(opt, group).items()}
+        to_torch = {v: k for k, v in _assembly.neutral_names(opt, group).items()}
         for name, p in zip(group["param_names"], group["params"]):
             state.state.pop(p, None)
             if opt == "adagrad":

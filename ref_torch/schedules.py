@@ -1,6 +1,6 @@
 """Learning-rate schedules in PyTorch: torch.optim.lr_scheduler classes, stepped once per update.
 
-The trainer calls `build_scheduler(spec, optimizer, updates_per_epoch)` (see ref_torch._schedulers)
+The trainer calls `build_scheduler(spec, optimizer, updates_per_epoch)` (see ref_torch._schedules)
 and steps the scheduler after every `optimizer.step()`; update t then applies the value at t
 (docs/contract.md §2). `schedule_values` is the neutral entry point the conformance harness calls: it
 drives the same scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and
@@ -17,7 +17,7 @@ import torch
 from conformance.config.schedule import ScheduleSpec
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import check_schedule, cycled_hyperparameter
-from ref_torch._schedulers import PerEpochLR, build_scheduler
+from ref_torch._schedules import PerEpochLR, build_scheduler
 
 __all__ = ["PerEpochLR", "build_scheduler", "schedule_values"]
 

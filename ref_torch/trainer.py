@@ -60,8 +60,8 @@ from conformance.run.records import (
 )
 from conformance.run.session import Run, TrainResult, open_run
 from conformance.run.throughput import throughput_extras
-from ref_torch import _distributed as ddp
-from ref_torch import _fsdp, _state
+from ref_torch import _fsdp, _train_state
+from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
@@ -132,7 +132,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel)  # FSDP shards `model` in place
     params = named_parameters(model)
     optimizer = build_optimizer(config.optimizer, params.items())
-    objs = _state.Objects(model, optimizer, LossScaler(config.precision, device))
+    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device))
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
     for note in check_run_length(config.schedule, run.planned, per_epoch):
@@ -167,12 +167,12 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
                                                           **extra))
         val_loss = _maybe_evaluate(config, run, model, device, pdtype, t)
         if checkpoint_due(run, t):
-            last = _state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
-    return TrainResult(_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
+            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+    return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
 
 
-def _restore(checkpoint: Any, objs: _state.Objects, rank: int) -> Any:
-    return _state.restore(checkpoint, objs, rank)
+def _restore(checkpoint: Any, objs: _train_state.Objects, rank: int) -> Any:
+    return _train_state.restore(checkpoint, objs, rank)
 
 
 def _data_window(run: Run, t: int) -> Any:

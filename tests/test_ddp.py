@@ -162,11 +162,11 @@ device = "cpu"
 
 LEAK_PROBE = """
 import os, sys
-from ref_torch import _distributed
+from ref_torch import _parallel
 if os.environ.get("PROBE_DISABLE_RELEASE"):  # the negative control: the group's holders are left in place
-    _distributed._import_parallel_modules = lambda: None
-    _distributed._release_dtensor_caches = lambda: None
-    _distributed.gc = type("nogc", (), {"collect": staticmethod(lambda: 0)})
+    _parallel._import_parallel_modules = lambda: None
+    _parallel._release_dtensor_caches = lambda: None
+    _parallel.gc = type("nogc", (), {"collect": staticmethod(lambda: 0)})
 from ref_torch.trainer import train
 from conformance.config import load_config
 train(load_config(sys.argv[1], sys.argv[3:]), sys.argv[2], progress="none")

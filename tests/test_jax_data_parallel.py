@@ -86,7 +86,7 @@ import numpy as np, jax
 from conformance.config import load_config
 from conformance.data import DataPipeline
 from conformance.run.batches import window_counts
-from ref_jax._sharding import placement
+from ref_jax._parallel import placement
 from ref_jax._window import WindowLayout, rows_for
 cfg = load_config({"data": {"name": "binary_blobs", "n_samples": 300, "batch_size": 31}, "accumulation": {"steps": 3}})
 data = DataPipeline(cfg)

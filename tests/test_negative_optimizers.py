@@ -142,16 +142,16 @@ def test_jax_mutant_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted bug in ref_jax's SGD momentum (first buffer dampened) fails the torch cases."""
     import jax
 
-    from ref_jax import _leaf
+    from ref_jax import _elementwise
 
-    init, update = _leaf.LEAVES["sgd"]
+    init, update = _elementwise.LEAVES["sgd"]
 
     def dampened_first(g, s, p, hp, cfg):
         return update(g, s._replace(initialized=s.initialized | True), p, hp, cfg)
 
     case = CASES["optimizer/torch-sgd-closed"]
     assert run_case(case, Backend("jax")).passed
-    monkeypatch.setitem(_leaf.LEAVES, "sgd", (init, dampened_first))
+    monkeypatch.setitem(_elementwise.LEAVES, "sgd", (init, dampened_first))
     jax.clear_caches()  # the jitted step must see the planted bug
     try:
         assert not run_case(case, Backend("jax")).passed
@@ -163,11 +163,12 @@ def test_jax_mutant_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_torch_mutant_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without twinstep's float64 mu_product, torch's NAdam rounds its schedule product to float32
     (~1e-8 relative): the float64 cases generated under a float64 default dtype catch it."""
-    from ref_torch import _build
+
+    from ref_torch import _assembly
 
     case = CASES["optimizer/torch-nadam-closed"]
     assert run_case(case, Backend("torch")).passed
-    monkeypatch.setattr(_build, "_float64_mu_product", lambda *a: None)
+    monkeypatch.setattr(_assembly, "_float64_mu_product", lambda *a: None)
     result = run_case(case, Backend("torch"))
     assert not result.passed and result.max_rel_err > 1e-10
 

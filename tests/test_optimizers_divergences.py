@@ -128,7 +128,7 @@ def test_adamax_is_the_same() -> None:
 
 
 def test_lion_default_weight_decay_and_twinstep_lion() -> None:
-    from ref_torch._functional import Lion
+    from ref_torch._elementwise import Lion
 
     assert defaults(optax.lion)["weight_decay"] == 1e-3 and defaults(Lion)["weight_decay"] == 0.0
     want = torch_run(lambda p: Lion(p, lr=0.01))

@@ -167,7 +167,7 @@ def full_run(reference, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 def _resume(full_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forget: str | None,
             at: int = 20) -> list[str]:
     import ref_torch.trainer as tr
-    from ref_torch import _state
+    from ref_torch import _train_state
 
     config, full = full_run
     out = tmp_path / "run"
@@ -175,8 +175,8 @@ def _resume(full_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.Mon
     for update, path in ck.list_checkpoints(out / "checkpoints"):
         if update > at:
             shutil.rmtree(path)
-    if forget in _state.PIECES:
-        monkeypatch.setattr(tr, "_restore", lambda c, o, r: _state.restore(c, o, r, skip=frozenset({forget})))
+    if forget in _train_state.PIECES:
+        monkeypatch.setattr(tr, "_restore", lambda c, o, r: _train_state.restore(c, o, r, skip=frozenset({forget})))
     elif forget == "schedule":
         real = tr.build_scheduler
         monkeypatch.setattr(tr, "build_scheduler", lambda *a, **k: real(*a, **{**k, "start": 0}))

@@ -86,7 +86,7 @@ def test_run_writes_the_contract_files(tmp_path: Path) -> None:
 def test_initial_weights_are_the_torch_models(tmp_path: Path) -> None:
     from conformance.data import DataPipeline
     from ref_jax import _train_state as ts
-    from ref_jax._sharding import placement
+    from ref_jax._parallel import placement
     from ref_torch.models import build_model, named_parameters
 
     config = load_config("configs/gpt_tiny.toml" if (ROOT / "configs/gpt_tiny.toml").exists() else None)

@@ -1,6 +1,6 @@
 """The `[schedule]` section as code: torch.optim.lr_scheduler objects, or optax schedules.
 
-Both mirror the backends exactly (ref_torch/_schedulers.py and ref_jax/_schedules.py): the torch
+Both mirror the backends exactly (ref_torch/_schedules.py and ref_jax/_schedules.py): the torch
 classes of the same meaning, LambdaLR only where torch has no class, composite schedules flattened
 into one SequentialLR; on the optax side optax's schedules where their mathematics is the spec's
 and small closed forms where it is not (torch's cosine past t_max, OneCycleLR's fractional phase

@@ -20,8 +20,8 @@ from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_r
 from conformance.errors import CheckpointError
 from conformance.run import records
 from conformance.run.session import Run
-from ref_torch import _distributed as ddp
 from ref_torch import _fsdp
+from ref_torch import _parallel as ddp
 from ref_torch.backend import describe
 from ref_torch.checkpoint import load_model_state, model_state, restore_rng
 from ref_torch.optimizers import export_state, import_state

@@ -10,7 +10,7 @@ import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
 from conformance.rules.groups import ParamGroup
-from ref_torch import _functional, _muon
+from ref_torch import _elementwise, _muon
 
 # torch state key -> neutral name, per optimizer
 STATE_NAMES: dict[str, dict[str, str]] = {
@@ -61,18 +61,18 @@ def torch_kwargs(group: ParamGroup) -> dict[str, Any]:
 def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[..., Any], set[str]]:
     """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
     if name == "lion":
-        return _functional.Lion, set()
+        return _elementwise.Lion, set()
     if name in ("adam", "adamw"):
         if any(g["eps_root"] != 0 or (g["amsgrad"] and g["amsgrad_variant"] != "torch") for g in groups):
-            return _functional.AdamVariants, set()
+            return _elementwise.AdamVariants, set()
         return (torch.optim.Adam if name == "adam" else torch.optim.AdamW), {"eps_root", "amsgrad_variant"}
     if name == "rmsprop":
         if any(g["eps_in_sqrt"] for g in groups):
-            return _functional.RMSpropEpsInSqrt, set()
+            return _elementwise.RMSpropEpsInSqrt, set()
         return torch.optim.RMSprop, {"eps_in_sqrt"}
     if name == "adagrad":
         if any(g["eps_in_sqrt"] for g in groups):
-            return _functional.AdagradEpsInSqrt, set()
+            return _elementwise.AdagradEpsInSqrt, set()
         return torch.optim.Adagrad, {"eps_in_sqrt"}
     if name == "muon":
         if any(g["ns_dtype"] != torch.bfloat16 for g in groups):

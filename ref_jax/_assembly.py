@@ -8,7 +8,7 @@
 - `hyperparams`: one dict per parameter group of the float hyper-parameters torch lets you change
   between steps (`lr`, `momentum`, `betas`, `eps`, ...), as arrays: changing them (schedules,
   OneCycle's momentum) never recompiles;
-- `leaves`: one state per parameter (ref_jax._leaf), with its own update count, as torch keeps.
+- `leaves`: one state per parameter (ref_jax._elementwise), with its own update count, as torch keeps.
 
 This is optax.multi_transform with one label per parameter and hyper-parameters shared per group
 (injected, as optax.inject_hyperparams does), written out so that a parameter without a gradient
@@ -30,7 +30,7 @@ import optax
 from conformance.config.optimizer import DYNAMIC, OptimizerSpec
 from conformance.errors import ConfigError
 from conformance.rules.groups import ParamGroup, resolve_groups
-from ref_jax import _leaf
+from ref_jax import _elementwise
 
 
 @jax.tree_util.register_static
@@ -115,7 +115,7 @@ def fresh_state(plan: Plan, hyperparams: tuple[dict[str, Any], ...],
     leaves = {}
     for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
         like = jnp.zeros(shape, params[name].dtype if params is not None else dtype)
-        leaves[name] = _leaf.init(plan.optimizers[gi], like, plan.cfg(gi))
+        leaves[name] = _elementwise.init(plan.optimizers[gi], like, plan.cfg(gi))
     return OptimizerState(plan, tuple({k: _array(v) for k, v in h.items()} for h in hyperparams), leaves)
 
 
@@ -130,8 +130,8 @@ def apply(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, 
         cfg = {**plan.cfg(gi), "param_dtype": p.dtype}
 
         def step(g: Any, s: Any = s, p: Any = p, gi: int = gi, cfg: dict = cfg) -> tuple[Any, Any]:
-            new_p, new_s = _leaf.update(plan.optimizers[gi], g, s, p, state.hyperparams[gi], cfg)
-            if isinstance(new_p, _leaf.Delta):
+            new_p, new_s = _elementwise.update(plan.optimizers[gi], g, s, p, state.hyperparams[gi], cfg)
+            if isinstance(new_p, _elementwise.Delta):
                 return new_p.u, new_s  # torch's kernel is p + u: the same two operations
             return new_p - p, new_s  # p + (new_p - p) == new_p exactly when new_p/p is in [1/2, 2] (Sterbenz)
 
