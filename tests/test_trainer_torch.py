@@ -158,8 +158,31 @@ def test_text_runs_log_tokens_per_second(tmp_path: Path) -> None:
 
 
 def test_tensorboard_event_files(tmp_path: Path) -> None:
-    run(cfg(LINEAR, "run.tensorboard=true", "run.epochs=1"), tmp_path / "run")
-    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, records = run(cfg(LINEAR, "run.tensorboard=true", "run.epochs=1", "data.val_fraction=0.25",
+                          "run.eval_every=2"), tmp_path / "run")
+    files = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    acc = EventAccumulator(str(files[0]))
+    acc.Reload()
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    want: dict[str, list[tuple[int, float]]] = {}
+    for r in updates(records):  # the metrics.jsonl values, under the tags TensorBoard shows
+        for key in ("loss", "grad_norm", "loss_scale", "samples_per_s"):
+            if isinstance(r.get(key), (int, float)):
+                want.setdefault(f"train/{key}", []).append((r["update"], r[key]))
+        for i, lr in enumerate(r["lr"]):
+            want.setdefault(f"train/lr/group{i}", []).append((r["update"], lr))
+    for r in evals(records):
+        for key, value in r.items():
+            if key not in ("event", "update") and isinstance(value, (int, float)):
+                want.setdefault(f"eval/{key}", []).append((r["update"], value))
+    assert {"train/loss", "train/grad_norm", "train/lr/group0", "eval/val_loss"} <= set(want)
+    assert sorted(got) == sorted(want)
+    for tag, series in want.items():  # simple_value is a float32
+        assert [s for s, _ in got[tag]] == [s for s, _ in series], tag
+        np.testing.assert_allclose([v for _, v in got[tag]], [v for _, v in series], rtol=1e-6, err_msg=tag)
 
 
 def test_tensorboard_without_the_package_names_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

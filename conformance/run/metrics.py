@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -110,7 +111,7 @@ class MetricsLog:
             self._bar = tqdm(total=total_updates, initial=resume_from or 0, file=self.stream,
                              dynamic_ncols=True, unit="upd")
         self._mode = mode
-        self._tb = _tensorboard_writer(Path(out_dir) / "tensorboard") if tensorboard else None
+        self._tb = _TensorBoard(Path(out_dir) / "tensorboard") if tensorboard else None
 
     def _truncate(self, before: int) -> None:
         keep = [r for r in read_metrics(self.path) if r.get("update", 0) < before]
@@ -177,11 +178,25 @@ class MetricsLog:
         self.close()
 
 
-def _tensorboard_writer(path: Path) -> Any:
-    try:
-        import tensorboard  # noqa: F401  (torch's SummaryWriter needs the package)
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise TwinstepError("run.tensorboard = true needs the tensorboard package: pip install 'twinstep[tensorboard]'") from None
-    return SummaryWriter(str(path))
+class _TensorBoard:
+    """Scalars in TensorBoard event files, written with the tensorboard package's own writer (no
+    framework: a JAX run does not import torch). Each `add_scalar` is one Event holding a
+    `simple_value` Summary at `step`, as torch.utils.tensorboard.SummaryWriter.add_scalar writes it."""
 
+    def __init__(self, path: Path) -> None:
+        try:
+            import tensorboard  # noqa: F401  (first: the package itself is what may be missing)
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError:
+            raise TwinstepError("run.tensorboard = true needs the tensorboard package: pip install 'twinstep[tensorboard]'") from None
+        self._event, self._summary = Event, Summary
+        self._writer = EventFileWriter(str(path), max_queue_size=10, flush_secs=120)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._writer.add_event(self._event(summary=summary, step=int(step), wall_time=time.time()))
+
+    def close(self) -> None:
+        self._writer.close()
