@@ -7,17 +7,17 @@
 Expected parameters and states come from torch.optim in float64 (torch.set_default_dtype(float64),
 so that NAdam's mu_product is float64 too) and, where torch has no built-in, from optax in float64
 (jax x64): Lion (optax.lion, equal to lucidrains/lion-pytorch) and optax's semantics (eps_root,
-optax.amsgrad, optax.adagrad, optax.rmsprop with eps inside the square root, optax.nadam). Nothing
-here imports ref_torch, ref_jax or the oracle: the spec -> torch.optim translation below is this
-script's own, written from torch's constructor signatures. Each update's state is recorded under
-the neutral names of docs/contract.md §4 (`step` counted per parameter as torch does; for SGD and Muon,
-which keep no count, by counting the updates a parameter received).
+optax.amsgrad, optax.adagrad, optax.rmsprop with eps inside the square root, optax.nadam); both
+references are in tools/_optimizer_refs.py. Nothing here imports ref_torch, ref_jax or the oracle:
+the spec -> torch.optim translation is the generator's own, written from torch's constructor
+signatures. Each update's state is recorded under the neutral names of docs/contract.md §4 (`step`
+counted per parameter as torch does; for SGD and Muon, which keep no count, by counting the updates
+a parameter received). This file holds the case lists and the case file format.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,163 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance import tomlio
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
+from _optimizer_refs import TORCH, run_optax, run_torch  # noqa: E402
+
+from conformance import tomlio  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "optimizer"
-
-NEUTRAL = {  # torch state key -> neutral name
-    "exp_avg": "m", "exp_avg_sq": "v", "max_exp_avg_sq": "v_max", "exp_inf": "u", "sum": "sum",
-    "square_avg": "square_avg", "grad_avg": "grad_avg", "momentum_buffer": "momentum_buffer",
-    "mu_product": "mu_product", "row_var": "row_var", "col_var": "col_var", "variance": "variance",
-}
-TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-         "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax,
-         "nadam": torch.optim.NAdam, "radam": torch.optim.RAdam, "adafactor": torch.optim.Adafactor,
-         "muon": torch.optim.Muon}
-
-
-def _kwargs(table: dict[str, Any]) -> dict[str, Any]:
-    out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in table.items()
-           if k not in ("name", "groups", "fallback", "fallback_params", "no_weight_decay", "params")}
-    if isinstance(out.get("eps"), tuple):  # adafactor: "auto" is torch's None
-        out["eps"] = tuple(None if e == "auto" else e for e in out["eps"])
-    return out
-
-
-def _groups(spec: dict[str, Any], names: list[str]) -> list[tuple[dict[str, Any], list[str]]]:
-    """[(overrides, names)] per [[groups]] entry, then the default group (this script's own matcher)."""
-    taken: set[str] = set()
-    out = []
-    for g in spec.get("groups", []):
-        hit = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in g["params"])]
-        taken |= set(hit)
-        out.append((_kwargs(g), hit))
-    out.append(({}, [n for n in names if n not in taken]))
-    no_decay = spec.get("no_weight_decay")
-    if not no_decay:
-        return out
-    split = []
-    for overrides, ns in out:
-        off = [n for n in ns if any(fnmatch.fnmatchcase(n, p) for p in no_decay)]
-        split += [(overrides, [n for n in ns if n not in off]), ({**overrides, "weight_decay": 0.0}, off)]
-    return split
-
-
-def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter]) -> list[torch.optim.Optimizer]:
-    names = list(named)
-    if spec["name"] != "muon":
-        groups = [{"params": [named[n] for n in ns], **o} for o, ns in _groups(spec, names)]
-        return [TORCH[spec["name"]](groups, **_kwargs(spec))]
-    fb = spec.get("fallback", {"name": "adamw"})
-    forced = set(spec.get("fallback_params", []))
-    muon_names = [n for n in names if named[n].ndim == 2 and n not in forced]
-    rest = [n for n in names if n not in muon_names]
-    muon = torch.optim.Muon([{"params": [named[n] for n in muon_names]}], **_kwargs(spec))
-    other = TORCH[fb["name"]]([{"params": [named[n] for n in rest]}], **_kwargs(fb))
-    return [muon, other]
-
-
-def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None, objective: dict | None,
-              steps: int | None) -> tuple[list[dict], list[dict]]:
-    torch.set_default_dtype(torch.float64)
-    named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
-    opts = torch_optimizers(spec, named)
-    counts = {k: 0 for k in named}
-    out_p, out_s = [], []
-    for k in range(len(grads) if grads is not None else steps):
-        for name, p in named.items():
-            if grads is not None:
-                g = grads[k].get(name)
-                p.grad = None if g is None else torch.tensor(np.asarray(g, np.float64))
-            else:
-                c, w = (torch.tensor(np.asarray(objective[x][name], np.float64)) for x in ("center", "curvature"))
-                p.grad = (w * (p.detach() - c)).clone()
-            counts[name] += p.grad is not None
-        for o in opts:
-            o.step()
-        out_p.append({n: p.detach().numpy().copy() for n, p in named.items()})
-        state = {}
-        for name, p in named.items():
-            st = next((o.state[p] for o in opts if p in o.state and o.state[p]), {})
-            if counts[name] == 0:
-                continue
-            entry = {NEUTRAL[key]: v.detach().numpy().copy() for key, v in st.items() if key in NEUTRAL and v is not None}
-            entry["step"] = np.asarray(counts[name])
-            state[name] = entry
-        out_s.append(state)
-    return out_p, out_s
-
-
-def optax_transform(spec: dict[str, Any]) -> Any:
-    """optax's own optimizer for the optax-semantics specs (one group, constant hyper-parameters)."""
-    import jax.numpy as jnp
-    import optax
-
-    name, lr, wd = spec["name"], spec.get("lr"), spec.get("weight_decay", 0.0)
-    b1, b2 = spec.get("betas", (0.9, 0.999 if name != "lion" else 0.99))
-    if name == "lion":
-        return optax.lion(lr, b1, b2, weight_decay=wd)
-    if name == "rmsprop":
-        tx = optax.rmsprop(lr, decay=spec.get("alpha", 0.99), eps=spec.get("eps", 1e-8), eps_in_sqrt=True,
-                           centered=spec.get("centered", False), momentum=spec.get("momentum") or None)
-    elif name == "adagrad":
-        decay = spec.get("lr_decay", 0.0)
-        tx = optax.adagrad(lambda c: lr / (1 + jnp.asarray(c, jnp.float64) * decay),
-                           initial_accumulator_value=spec.get("initial_accumulator_value", 0.0),
-                           eps=spec.get("eps", 1e-10))
-    elif name in ("adam", "adamw") and spec.get("amsgrad"):
-        inner = optax.amsgrad(lr, b1, b2, eps=spec.get("eps", 1e-8), eps_root=spec.get("eps_root", 0.0),
-                              bias_correction_nu=spec["amsgrad_variant"] == "optax")
-        if name == "adamw":
-            return optax.chain(optax.scale_by_amsgrad(b1, b2, spec.get("eps", 1e-8), spec.get("eps_root", 0.0),
-                                                      bias_correction_nu=spec["amsgrad_variant"] == "optax"),
-                               optax.add_decayed_weights(spec.get("weight_decay", 1e-2)),
-                               optax.scale_by_learning_rate(lr))
-        tx = inner
-    elif name in ("adam", "adamw"):
-        if name == "adamw":
-            return optax.adamw(lr, b1, b2, eps=spec.get("eps", 1e-8), eps_root=spec.get("eps_root", 0.0),
-                               weight_decay=spec.get("weight_decay", 1e-2))
-        tx = optax.adam(lr, b1, b2, eps=spec.get("eps", 1e-8), eps_root=spec.get("eps_root", 0.0))
-    elif name == "nadam":
-        if spec.get("decoupled_weight_decay"):
-            return optax.nadamw(lr, b1, b2, eps=spec.get("eps", 1e-8), weight_decay=wd)
-        tx = optax.nadam(lr, b1, b2, eps=spec.get("eps", 1e-8))
-    else:
-        raise ValueError(f"no optax reference for {name}")
-    return optax.chain(optax.add_decayed_weights(wd), tx) if wd else tx
-
-
-def run_optax(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None, objective: dict | None,
-              steps: int | None) -> tuple[list[dict], list[dict]]:
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    names = {"mu": "m", "nu": "v", "nu_max": "v_hat_max" if spec.get("amsgrad_variant") == "optax" else "v_max",
-             "sum_of_squares": "sum"}
-    if spec["name"] == "rmsprop":
-        names = {"nu": "square_avg", "mu": "grad_avg"}
-    with jax.enable_x64(True):
-        tx = optax_transform(spec)
-        p = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-        st = tx.init(p)
-        out_p, out_s = [], []
-        for k in range(len(grads) if grads is not None else steps):
-            if grads is not None:
-                g = {n: jnp.asarray(np.asarray(grads[k][n], np.float64)) for n in p}
-            else:
-                g = {n: jnp.asarray(objective["curvature"][n]) * (p[n] - jnp.asarray(objective["center"][n])) for n in p}
-            u, st = tx.update(g, st, p)
-            p = optax.apply_updates(p, u)
-            out_p.append({n: np.asarray(v) for n, v in p.items()})
-            entry: dict[str, dict] = {n: {"step": np.asarray(k + 1)} for n in p}
-            for field, neutral in names.items():
-                for tree in optax.tree_utils.tree_get_all_with_path(st, field):
-                    for n, v in tree[1].items():
-                        entry[n][neutral] = np.asarray(v)
-            out_s.append(entry)
-    return out_p, out_s
 
 
 def _arr(x: Any) -> Any:
