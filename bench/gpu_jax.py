@@ -6,7 +6,7 @@ step against a bare optax loop. Called by bench/gpu_check.sh; safe to run anywhe
 1. Trainer: `ref_jax.trainer.train` on the config (bfloat16 through the dtype Policy, TF32
    matmuls, AdamW, token-normalized accumulation of 4 × 8 × 1024 tokens), `--updates` updates, no
    checkpoint and no evaluation; prints the median tokens/s and MFU (metrics.jsonl, against the
-   device's dense bf16 peak from conformance.run.PEAK_FLOPS) over the updates after `--skip`
+   device's dense bf16 peak from conformance.run.throughput.PEAK_FLOPS) over the updates after `--skip`
    (the first include compilation).
 2. Step: twinstep's jitted update against a bare optax loop on the same model and window
    (bench/jax_step.py's pair), wall clock, medians of `--repeats`.

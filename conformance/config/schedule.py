@@ -17,9 +17,9 @@ reads them fills in its default: the resolved config (dump_config) states every 
 `eta_min` is absolute, as in torch's CosineAnnealingLR: every group anneals from its own base lr to
 the same eta_min. `docs/divergences.md#schedules` lists where torch and optax differ.
 
-Parameter groups: `group_base_lrs` gives the base lr of each group in the order used everywhere
-an lr list appears (metrics, cases, checkpoints): the `[[optimizer.groups]]` in file order, then
-the default group (parameters no pattern matches) last.
+Parameter groups: `conformance.rules.groups.group_base_lrs` gives the base lr of each group in the
+order used everywhere an lr list appears (metrics, cases, checkpoints): the `[[optimizer.groups]]`
+in file order, then the default group (parameters no pattern matches) last.
 """
 
 from __future__ import annotations

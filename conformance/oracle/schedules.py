@@ -193,7 +193,7 @@ def schedule_values(
 ) -> dict[str, Any]:
     """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) array, "momentum": (steps,
     groups) array or None, "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
-    `conformance.config.schedule.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
+    `conformance.rules.groups.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
     base = start_lrs(schedule, group_base_lrs(optimizer))
     s = np.arange(steps, dtype=np.int64) // updates_per_epoch
