@@ -134,6 +134,33 @@ def _padded_loss_jax(p, mb):
 
 @jax.enable_x64(True)
 @pytest.mark.parametrize("normalize", ["tokens", "micro_batches"])
+def test_jax_scan_equals_python_loop_under_jit(normalize: str) -> None:
+    # A-ORDER: the one loop (lax.scan from zeros, jitted) adds the micro-batch gradients in order,
+    # as a Python loop of jax.grad calls does (the first gradient, then +=) and torch's .grad +=
+    rng = np.random.default_rng(0)
+    batches = _equal_batches(rng, 3)
+    batches[1]["y"][:2] = -100  # unequal valid counts in equal-shape micro-batches
+    params = {"w": jnp.asarray(rng.normal(size=(D_IN, C))), "b": jnp.zeros(C)}
+    counts = [float((b["y"] != -100).sum()) for b in batches]
+    tokens = normalize == "tokens"
+
+    def part(p, mb):
+        out = _linear_loss_jax(p, {k: jnp.asarray(v) for k, v in mb.items()})
+        return out.sum / sum(counts) if tokens else out.value / len(batches)
+
+    grads = [jax.grad(part)(params, mb) for mb in batches]
+    loop = grads[0]
+    for g in grads[1:]:
+        loop = jax.tree.map(jnp.add, loop, g)
+    spec = AccumulationSpec(steps=3, normalize=normalize)
+    scan, _ = jax.jit(lambda p, w: ja.accumulate_gradients(spec, _linear_loss_jax, p, w))(
+        params, _laid_out(batches, counts))
+    for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(scan)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-15, rtol=1e-14)
+
+
+@jax.enable_x64(True)
+@pytest.mark.parametrize("normalize", ["tokens", "micro_batches"])
 def test_jax_loop_compiles_once_for_windows_of_every_size(normalize: str) -> None:
     # one fixed shape: full, short and one-micro-batch windows of unequal rows reuse one compiled loop
     rng = np.random.default_rng(0)
