@@ -24,6 +24,8 @@ from conformance.data.datasets import DataInfo
 from conformance.errors import ConfigError, InputError
 from conformance.rules.inputs import check_finite
 
+LN_EPS = 1e-5  # every LayerNorm's eps: torch.nn.LayerNorm's default (flax's is 1e-6)
+
 
 class ModelDims(NamedTuple):
     """Sizes the data fixes: input width (linear/mlp), outputs (linear/mlp), vocabulary and

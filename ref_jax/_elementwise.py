@@ -23,14 +23,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ref_jax._kernels import cast_like, coef, decay, float_count, lerp, prepare, zeros
 from ref_jax._matrix import adafactor_init, adafactor_update, muon_init, muon_update
-from ref_jax._ops import c as _c
-from ref_jax._ops import cast as _cast
-from ref_jax._ops import decay as _decay
-from ref_jax._ops import f as _f
-from ref_jax._ops import lerp as _lerp
-from ref_jax._ops import prepare as _prepare
-from ref_jax._ops import zeros as _zeros
 
 
 class Delta(NamedTuple):
@@ -92,7 +86,7 @@ INTERNAL_FIELDS = ("initialized",)  # not part of the neutral state
 
 
 def sgd_init(p: Any, cfg: Mapping[str, Any]) -> SGDState:
-    return SGDState(jnp.zeros([], jnp.int32), _zeros(p), jnp.zeros([], bool))
+    return SGDState(jnp.zeros([], jnp.int32), zeros(p), jnp.zeros([], bool))
 
 
 def _flag(x: Any, dtype: Any) -> Any:
@@ -100,55 +94,55 @@ def _flag(x: Any, dtype: Any) -> Any:
 
 
 def sgd_update(g, s: SGDState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, False)
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, False)
     mu = hp["momentum"]
     # buf ← a·buf + b·g with scalar a, b (one fused pass): steady (μ, 1 − dampening), torch's first
     # buffer g (0, 1), momentum 0 (1, 0: torch keeps no buffer update); x·1 + y·0 is x exactly.
     # Momentum is a value like any other: schedules (OneCycle) may switch it on after update 0.
     on, first = _flag(mu != 0, g.dtype), _flag(~s.initialized, g.dtype)
-    a = _c(mu, g) * (1 - first) * on + (1 - on)
-    b = (_c(1 - hp["dampening"], g) * (1 - first) + first) * on
+    a = coef(mu, g) * (1 - first) * on + (1 - on)
+    b = (coef(1 - hp["dampening"], g) * (1 - first) + first) * on
     buf = s.momentum_buffer * a + g * b
-    d = g + (_c(mu, g) * on) * buf if cfg["nesterov"] else buf * on + g * (1 - on)
-    return Delta(_c(-hp["lr"], p) * d), SGDState(s.step + 1, buf, s.initialized | (mu != 0))
+    d = g + (coef(mu, g) * on) * buf if cfg["nesterov"] else buf * on + g * (1 - on)
+    return Delta(coef(-hp["lr"], p) * d), SGDState(s.step + 1, buf, s.initialized | (mu != 0))
 
 
 # ------------------------------------------------------------------ adam, adamw
 
 
 def adam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
-    z = _zeros(p)
+    z = zeros(p)
     variant = cfg["amsgrad_variant"] if cfg["amsgrad"] else None
     return AdamState(jnp.zeros([], jnp.int32), z, z, z if variant in ("torch", "optax_raw") else None,
                      z if variant == "optax" else None)
 
 
 def adam_update(g, s: AdamState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, cfg["decoupled"])
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
-    m = _lerp(s.m, g, 1 - b1)
-    v = s.v * _c(b2, g) + (_c(1 - b2, g) * g) * g
-    bc1, bc2 = 1 - b1 ** _f(t, hp), 1 - b2 ** _f(t, hp)
-    eps, root = _c(hp["eps"], g), cfg["eps_root"]
+    m = lerp(s.m, g, 1 - b1)
+    v = s.v * coef(b2, g) + (coef(1 - b2, g) * g) * g
+    bc1, bc2 = 1 - b1 ** float_count(t, hp), 1 - b2 ** float_count(t, hp)
+    eps, root = coef(hp["eps"], g), cfg["eps_root"]
     v_max, v_hat_max = s.v_max, s.v_hat_max
     if v_hat_max is not None:  # optax.scale_by_amsgrad: max of the bias-corrected v
-        v_hat_max = jnp.maximum(v_hat_max, v / _c(bc2, v))
-        denom = jnp.sqrt(v_hat_max + _c(root, v)) + eps
+        v_hat_max = jnp.maximum(v_hat_max, v / coef(bc2, v))
+        denom = jnp.sqrt(v_hat_max + coef(root, v)) + eps
     elif v_max is not None and cfg["amsgrad_variant"] == "optax_raw":
         v_max = jnp.maximum(v_max, v)
-        denom = jnp.sqrt(v_max + _c(root, v)) + eps
+        denom = jnp.sqrt(v_max + coef(root, v)) + eps
     else:
         if v_max is not None:
             v_max = jnp.maximum(v_max, v)
         second = v if v_max is None else v_max
         if root:
-            denom = jnp.sqrt(second / _c(bc2, v) + _c(root, v)) + eps
+            denom = jnp.sqrt(second / coef(bc2, v) + coef(root, v)) + eps
         else:
-            denom = jnp.sqrt(second) / _c(jnp.sqrt(bc2), v) + eps
-    step = (_c(-hp["lr"] / bc1, p) * m) / denom
+            denom = jnp.sqrt(second) / coef(jnp.sqrt(bc2), v) + eps
+    step = (coef(-hp["lr"] / bc1, p) * m) / denom
     return (p + step if cfg["decoupled"] else Delta(step)), AdamState(t, m, v, v_max, v_hat_max)
 
 
@@ -156,29 +150,29 @@ def adam_update(g, s: AdamState, p, hp, cfg):
 
 
 def rmsprop_init(p: Any, cfg: Mapping[str, Any]) -> RMSpropState:
-    z = _zeros(p)
+    z = zeros(p)
     return RMSpropState(jnp.zeros([], jnp.int32), z, z if cfg["centered"] else None, z, jnp.zeros([], bool))
 
 
 def rmsprop_update(g, s: RMSpropState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, False)
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, False)
     a = hp["alpha"]
-    sq = s.square_avg * _c(a, g) + (_c(1 - a, g) * g) * g
+    sq = s.square_avg * coef(a, g) + (coef(1 - a, g) * g) * g
     grad_avg = s.grad_avg
     if cfg["centered"]:
-        grad_avg = _lerp(grad_avg, g, 1 - a)
+        grad_avg = lerp(grad_avg, g, 1 - a)
         var = sq + (-grad_avg) * grad_avg
     else:
         var = sq
-    eps = _c(hp["eps"], g)
+    eps = coef(hp["eps"], g)
     avg = jnp.sqrt(var + eps) if cfg["eps_in_sqrt"] else jnp.sqrt(var) + eps
     mu = hp["momentum"]
     on = mu > 0  # momentum 0: torch's plain step, buffer untouched
     # one division either way: torch's addcdiv rounds (-lr·g)/avg on the plain path, g/avg into the buffer
-    q = jnp.where(on, g, _c(-hp["lr"], g) * g) / avg
-    buf = jnp.where(on, s.momentum_buffer * _c(mu, g) + q, s.momentum_buffer)
-    step = jnp.where(on, _c(-hp["lr"], p) * buf, q)
+    q = jnp.where(on, g, coef(-hp["lr"], g) * g) / avg
+    buf = jnp.where(on, s.momentum_buffer * coef(mu, g) + q, s.momentum_buffer)
+    step = jnp.where(on, coef(-hp["lr"], p) * buf, q)
     made = jnp.where(s.step == 0, mu > 0, s.initialized)
     return Delta(step), RMSpropState(s.step + 1, sq, grad_avg, buf, made)
 
@@ -191,16 +185,16 @@ def adagrad_init(p: Any, cfg: Mapping[str, Any]) -> AdagradState:
 
 
 def adagrad_update(g, s: AdagradState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, False)
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, False)
     t = s.step + 1
-    clr = hp["lr"] / (1 + (_f(t, hp) - 1) * hp["lr_decay"])
+    clr = hp["lr"] / (1 + (float_count(t, hp) - 1) * hp["lr_decay"])
     acc = s.sum + g * g
-    eps = _c(hp["eps"], g)
+    eps = coef(hp["eps"], g)
     if cfg["eps_in_sqrt"]:  # optax.scale_by_rss: g * rsqrt(S + eps), 0 where S = 0
-        step = _c(-clr, p) * (g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0))
+        step = coef(-clr, p) * (g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0))
     else:
-        step = (_c(-clr, p) * g) / (jnp.sqrt(acc) + eps)
+        step = (coef(-clr, p) * g) / (jnp.sqrt(acc) + eps)
     return Delta(step), AdagradState(t, acc)
 
 
@@ -208,18 +202,18 @@ def adagrad_update(g, s: AdagradState, p, hp, cfg):
 
 
 def adamax_init(p: Any, cfg: Mapping[str, Any]) -> AdamaxState:
-    return AdamaxState(jnp.zeros([], jnp.int32), _zeros(p), _zeros(p))
+    return AdamaxState(jnp.zeros([], jnp.int32), zeros(p), zeros(p))
 
 
 def adamax_update(g, s: AdamaxState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, False)
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, False)
     b1, b2 = hp["betas"]
     t = s.step + 1
-    m = _lerp(s.m, g, 1 - b1)
-    u = jnp.maximum(s.u * _c(b2, g), jnp.abs(g) + _c(hp["eps"], g))
-    clr = hp["lr"] / (1 - b1 ** _f(t, hp))
-    return Delta((_c(-clr, p) * m) / u), AdamaxState(t, m, u)
+    m = lerp(s.m, g, 1 - b1)
+    u = jnp.maximum(s.u * coef(b2, g), jnp.abs(g) + coef(hp["eps"], g))
+    clr = hp["lr"] / (1 - b1 ** float_count(t, hp))
+    return Delta((coef(-clr, p) * m) / u), AdamaxState(t, m, u)
 
 
 # ------------------------------------------------------------------ nadam
@@ -228,15 +222,15 @@ def adamax_update(g, s: AdamaxState, p, hp, cfg):
 def nadam_init(p: Any, cfg: Mapping[str, Any]) -> NAdamState:
     # torch keeps mu_product as a scalar tensor: float64 for float64 parameters, else float32
     scalar = jnp.float64 if p.dtype == jnp.float64 else jnp.float32
-    return NAdamState(jnp.zeros([], jnp.int32), _zeros(p), _zeros(p), jnp.ones([], scalar))
+    return NAdamState(jnp.zeros([], jnp.int32), zeros(p), zeros(p), jnp.ones([], scalar))
 
 
 def nadam_update(g, s: NAdamState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, cfg["decoupled"])
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
-    tf = _f(t, hp)
+    tf = float_count(t, hp)
     bc2 = 1 - b2 ** tf
     if cfg["momentum_schedule"]:
         psi = hp["momentum_decay"]
@@ -245,12 +239,12 @@ def nadam_update(g, s: NAdamState, p, hp, cfg):
     else:
         mu = mu_next = b1
     prod = (s.mu_product * mu.astype(s.mu_product.dtype)).astype(s.mu_product.dtype)
-    m = _lerp(s.m, g, 1 - b1)
-    v = s.v * _c(b2, g) + (_c(1 - b2, g) * g) * g
-    denom = jnp.sqrt(v / _c(bc2, v)) + _c(hp["eps"], v)
+    m = lerp(s.m, g, 1 - b1)
+    v = s.v * coef(b2, g) + (coef(1 - b2, g) * g) * g
+    denom = jnp.sqrt(v / coef(bc2, v)) + coef(hp["eps"], v)
     prod_f = prod.astype(tf.dtype)
-    new_p = p + (_c(-hp["lr"] * (1.0 - mu) / (1.0 - prod_f), p) * g) / denom
-    new_p = new_p + (_c(-hp["lr"] * mu_next / (1.0 - prod_f * mu_next), p) * m) / denom
+    new_p = p + (coef(-hp["lr"] * (1.0 - mu) / (1.0 - prod_f), p) * g) / denom
+    new_p = new_p + (coef(-hp["lr"] * mu_next / (1.0 - prod_f * mu_next), p) * m) / denom
     return new_p, NAdamState(t, m, v, prod)
 
 
@@ -258,28 +252,28 @@ def nadam_update(g, s: NAdamState, p, hp, cfg):
 
 
 def radam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
-    return AdamState(jnp.zeros([], jnp.int32), _zeros(p), _zeros(p))
+    return AdamState(jnp.zeros([], jnp.int32), zeros(p), zeros(p))
 
 
 def radam_update(g, s: AdamState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, cfg["decoupled"])
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
-    tf = _f(t, hp)
-    m = _lerp(s.m, g, 1 - b1)
-    v = s.v * _c(b2, g) + (_c(1 - b2, g) * g) * g
+    tf = float_count(t, hp)
+    m = lerp(s.m, g, 1 - b1)
+    v = s.v * coef(b2, g) + (coef(1 - b2, g) * g) * g
     bc1, bc2 = 1 - b1 ** tf, 1 - b2 ** tf
-    m_hat = m / _c(bc1, m)
+    m_hat = m / coef(bc1, m)
     rho_inf = 2 / (1 - b2) - 1
     rho = rho_inf - 2 * tf * (b2 ** tf) / bc2
     rect = ((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho)) ** 0.5
     rect = jnp.where(rho > 5.0, rect, 0.0)  # a scalar: NaN where undefined must not reach the blend
-    adaptive = _c(bc2 ** 0.5, v) / (jnp.sqrt(v) + _c(hp["eps"], v))
-    lr = _c(hp["lr"], p)
+    adaptive = coef(bc2 ** 0.5, v) / (jnp.sqrt(v) + coef(hp["eps"], v))
+    lr = coef(hp["lr"], p)
     on = _flag(rho > 5.0, p.dtype)  # rectified from rho_t > 5 (torch), else plain momentum
     step = m_hat * lr
-    step = ((step * adaptive) * _c(rect, p)) * on + step * (1 - on)
+    step = ((step * adaptive) * coef(rect, p)) * on + step * (1 - on)
     return (p - step if cfg["decoupled"] else Delta(-step)), AdamState(t, m, v)
 
 
@@ -287,16 +281,16 @@ def radam_update(g, s: AdamState, p, hp, cfg):
 
 
 def lion_init(p: Any, cfg: Mapping[str, Any]) -> LionState:
-    return LionState(jnp.zeros([], jnp.int32), _zeros(p))
+    return LionState(jnp.zeros([], jnp.int32), zeros(p))
 
 
 def lion_update(g, s: LionState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
-    g, p = _decay(g, p, hp, True)
+    g, p, _ = prepare(g, p, cfg)
+    g, p = decay(g, p, hp, True)
     b1, b2 = hp["betas"]
-    direction = jnp.sign(s.m * _c(b1, g) + _c(1 - b1, g) * g)
-    m = s.m * _c(b2, g) + _c(1 - b2, g) * g
-    return p + _c(-hp["lr"], p) * direction, LionState(s.step + 1, m)
+    direction = jnp.sign(s.m * coef(b1, g) + coef(1 - b1, g) * g)
+    m = s.m * coef(b2, g) + coef(1 - b2, g) * g
+    return p + coef(-hp["lr"], p) * direction, LionState(s.step + 1, m)
 
 
 Init = Callable[[Any, Mapping[str, Any]], Any]
@@ -328,5 +322,5 @@ def update(optimizer: str, g: Any, s: Any, p: Any, hp: Mapping[str, Any], cfg: M
     if isinstance(new_p, Delta) and p.dtype in (jnp.bfloat16, jnp.float16):
         new_p = p.astype(jnp.float32) + new_p.u  # half precision: round the new parameter once
     elif isinstance(new_p, Delta):
-        return Delta(new_p.u.astype(p.dtype)), _cast(new_s, s)
-    return new_p.astype(p.dtype), _cast(new_s, s)
+        return Delta(new_p.u.astype(p.dtype)), cast_like(new_s, s)
+    return new_p.astype(p.dtype), cast_like(new_s, s)

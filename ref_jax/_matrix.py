@@ -9,12 +9,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ref_jax._kernels import coef, float_count, lerp, prepare, zeros
 from ref_jax._muon import orthogonalize
-from ref_jax._ops import c as _c
-from ref_jax._ops import f as _f
-from ref_jax._ops import lerp as _lerp
-from ref_jax._ops import prepare as _prepare
-from ref_jax._ops import zeros as _zeros
 
 
 class AdafactorState(NamedTuple):
@@ -39,7 +35,7 @@ def adafactor_init(p: Any, cfg: Mapping[str, Any]) -> AdafactorState:
         row = jnp.zeros(p.shape[:-1] + (1,), p.dtype)
         col = jnp.zeros(p.shape[:-2] + (1,) + p.shape[-1:], p.dtype)
         return AdafactorState(step, row, col, None)
-    return AdafactorState(step, None, None, _zeros(p))
+    return AdafactorState(step, None, None, zeros(p))
 
 
 def _norm(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
@@ -47,48 +43,48 @@ def _norm(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 
 def adafactor_update(g, s: AdafactorState, p, hp, cfg):
-    g, p, work = _prepare(g, p, cfg)
+    g, p, work = prepare(g, p, cfg)
     eps1 = cfg["eps1"]
     eps1 = float(jnp.finfo(cfg["param_dtype"]).eps) if eps1 == "auto" else eps1
     t = s.step + 1
-    tf = _f(t, hp)
+    tf = float_count(t, hp)
     c = tf ** hp["beta2_decay"]
     rho = jnp.minimum(hp["lr"], 1 / tf ** 0.5)
     rms_p = _norm(p).astype(tf.dtype) / p.size ** 0.5
     alpha = jnp.maximum(hp["eps"], rms_p) * rho
-    p = p * _c(1 - hp["lr"] * hp["weight_decay"], p)
+    p = p * coef(1 - hp["lr"] * hp["weight_decay"], p)
     if g.ndim > 1:
-        row = _lerp(s.row_var, jnp.square(_norm(g, -1, True)) / g.shape[-1], c)
-        col = _lerp(s.col_var, jnp.square(_norm(g, -2, True)) / g.shape[-2], c)
+        row = lerp(s.row_var, jnp.square(_norm(g, -1, True)) / g.shape[-1], c)
+        col = lerp(s.col_var, jnp.square(_norm(g, -2, True)) / g.shape[-2], c)
         var = jnp.matmul(row, col, precision=jax.lax.Precision.HIGHEST)
-        var = var / jnp.maximum(jnp.mean(row, axis=-2, keepdims=True), _c(eps1, row))
+        var = var / jnp.maximum(jnp.mean(row, axis=-2, keepdims=True), coef(eps1, row))
         new = AdafactorState(t, row, col, None)
     else:
-        variance = _lerp(s.variance, g * g, c)
+        variance = lerp(s.variance, g * g, c)
         var = variance
         new = AdafactorState(t, None, None, variance)
-    u = jax.lax.rsqrt(jnp.maximum(var, _c(eps1 * eps1, var))) * g
+    u = jax.lax.rsqrt(jnp.maximum(var, coef(eps1 * eps1, var))) * g
     denom = jnp.maximum(1.0, _norm(u).astype(tf.dtype) / (u.size ** 0.5 * hp["d"]))
-    return p + _c(-alpha / denom, p) * u, new
+    return p + coef(-alpha / denom, p) * u, new
 
 
 # ------------------------------------------------------------------ muon
 
 
 def muon_init(p: Any, cfg: Mapping[str, Any]) -> MuonState:
-    return MuonState(jnp.zeros([], jnp.int32), _zeros(p))
+    return MuonState(jnp.zeros([], jnp.int32), zeros(p))
 
 
 def muon_update(g, s: MuonState, p, hp, cfg):
-    g, p, _ = _prepare(g, p, cfg)
+    g, p, _ = prepare(g, p, cfg)
     mu = hp["momentum"]
-    buf = _lerp(s.momentum_buffer, g, 1 - mu)
-    x = _lerp(g, buf, mu) if cfg["nesterov"] else buf
+    buf = lerp(s.momentum_buffer, g, 1 - mu)
+    x = lerp(g, buf, mu) if cfg["nesterov"] else buf
     o = orthogonalize(x, cfg["ns_coefficients"], cfg["ns_steps"], hp["eps"], cfg["ns_dtype"])
     rows, cols = p.shape
     if cfg["adjust_lr_fn"] == "original":
         ratio = max(1.0, rows / cols) ** 0.5 if cols else 1.0
     else:
         ratio = 0.2 * max(rows, cols) ** 0.5
-    p = p * _c(1 - hp["lr"] * hp["weight_decay"], p)
-    return p + _c(-(hp["lr"] * ratio), p) * o.astype(p.dtype), MuonState(s.step + 1, buf)
+    p = p * coef(1 - hp["lr"] * hp["weight_decay"], p)
+    return p + coef(-(hp["lr"] * ratio), p) * o.astype(p.dtype), MuonState(s.step + 1, buf)

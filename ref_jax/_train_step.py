@@ -3,8 +3,8 @@
     state, out = step(state, window, t)     # window: ref_jax._window arrays, placed on the mesh
 
 inside which: the schedules give every group's lr (and onecycle's momentum/beta1) at the
-schedule position `state.schedule_t` → ref_jax._update's path (scale → padded window gradients
-→ unscale → finite check → clip → optimizer update kept only if finite → loss-scale update) →
+schedule position `state.schedule_t` → ref_jax._update's path (scale → the window's gradients by
+ref_jax.accumulation.accumulate_gradients → unscale → finite check → clip → optimizer update kept only if finite → loss-scale update) →
 the position advances unless the update was skipped and schedule_on_skip = "hold". The position
 lives on the device, so the host never has to wait for one update before launching the next.
 The train state is donated: its buffers are reused for the new state.
@@ -22,7 +22,7 @@ from conformance.config import Config
 from conformance.rules.schedules import cycled_hyperparameter
 from ref_jax._parallel import Placement
 from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
-from ref_jax._window import WindowLayout, masked_loss, window_grads
+from ref_jax._window import WindowLayout, masked_loss
 from ref_jax.losses import LossOutput, compute_loss
 from ref_jax.precision import Policy
 
@@ -41,10 +41,6 @@ class StepOutput(NamedTuple):
 
     info: UpdateInfo
     lrs: Any
-
-
-def specs_of(config: Config) -> UpdateSpecs:
-    return UpdateSpecs(config.accumulation, config.clip, config.precision)
 
 
 def _element_mask(config: Config, out: Any, y: Any, rows: Any) -> Any:
@@ -104,7 +100,7 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
     "momentum" when onecycle cycles it}), computed once in float64 and rounded to the parameter
     dtype, as torch applies its double-precision lr: a float32 run never evaluates cos() near its
     end in float32 (measured 1e-6 relative error there)."""
-    specs = specs_of(config)
+    specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     advance_on_skip = config.precision.schedule_on_skip == "advance"
     dropout = config.model.name == "gpt" and config.model.dropout > 0
 
@@ -117,16 +113,11 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
             out = loss_fn(p, mb)
             # [run] inject_nonfinite: every micro-batch loss of the update × +inf before the backward
             # pass (conformance.run.injected), so loss and gradients are non-finite as in an overflow
-            factor = jnp.where(window["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
+            factor = jnp.where(mb["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
             return LossOutput(out.value * factor, out.sum * factor, out.count)
 
-        def grads_of(params: Any, w: Any, counts: Any, scale: Any) -> Any:
-            del counts  # the window carries its own counts and divisor
-            return window_grads(config.accumulation, injected, params, w, scale)
-
         hyper, lrs = _hyperparams(config, tables, state.update.opt_state, state.schedule_t)
-        update = make_update_step(specs, tx, None, window_grads=grads_of)
-        new, info = update(state.update, window, None, hyper)
+        new, info = make_update_step(specs, tx, injected)(state.update, window, None, hyper)
         moved = jnp.where(info.skipped, jnp.int32(advance_on_skip), jnp.int32(1))
         return TrainState(new, state.schedule_t + moved), StepOutput(info, lrs)
 

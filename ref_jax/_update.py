@@ -69,7 +69,6 @@ class UpdateInfo(NamedTuple):
 
 
 Hyperparams = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
-WindowGrads = Callable[[Any, Any, Any, Callable[[Any], Any] | None], tuple[Any, Any]]
 
 
 def _with_hyperparams(opt_state: Any, hyperparams: Hyperparams) -> Any:
@@ -92,23 +91,17 @@ def _clip(spec: ClipSpec, grads: Any, norm: Any) -> Any:
 
 
 def make_update_step(
-    specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any] | None,
-    window_grads: WindowGrads | None = None,
+    specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any],
 ) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
-    """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update.
-
-    window_grads(params, window, counts, scale_loss) -> (grads, WindowOutput), if given, computes
-    the window's gradients instead of accumulate_gradients(specs.accumulation, loss_fn, ...)."""
+    """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update over a
+    window laid out by ref_jax._window (accumulate_gradients(specs.accumulation, loss_fn, ...))."""
     prec = specs.precision
 
     def step(state: UpdateState, window: Any, counts: Any = None,
              hyperparams: Hyperparams = None) -> tuple[UpdateState, UpdateInfo]:
         scaler = (lambda loss: scale_loss(state.scale, loss)) if prec.dynamic_scaling else None
-        if window_grads is not None:
-            grads, out = window_grads(state.params, window, counts, scaler)
-        else:
-            grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
-                                              scale_loss=scaler)
+        grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
+                                          scale_loss=scaler)
         if prec.dynamic_scaling:
             grads, grads_ok = unscale_grads(state.scale, grads)  # before clipping
         else:

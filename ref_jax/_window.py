@@ -1,32 +1,78 @@
-"""Accumulation windows laid out at one fixed shape, so the JAX train step compiles once.
+"""Accumulation windows laid out on the host at one fixed shape, so the accumulation loop
+(ref_jax.accumulation.accumulate_gradients) compiles once for every window of a run.
 
-Host side: `WindowLayout.pad(window)` turns a conformance.data.Window (up to accumulation.steps
-micro-batches of up to data.batch_size samples each) into NumPy arrays of fixed shape
+`stack_window(batches, counts, steps, real_dtype, rows)` turns the micro-batches of one window
+(mappings of NumPy arrays, nested mappings allowed) into
 
-    x [steps, rows, ...]  y [steps, rows, ...]  mask [steps, rows]  present [steps]
-    n (real micro-batches)  divisor (Σ valid counts of the window, for normalize = "tokens")
+    every entry stacked on a leading axis of `steps`   (absent micro-batches: zeros)
+    present [steps]   the real micro-batches          n        their number
+    divisor           Σ counts (normalize = "tokens", summed in float64 as torch sums them)
 
-where `rows` is the micro-batch size rounded up to a multiple of the device count; padding rows
-and absent micro-batches are zeros with mask/present False. Device side: `window_grads(...)`
-accumulates over the micro-batches with lax.scan exactly as accumulate_gradients does (each
-backpropagates value_j / n or sum_j / N, summed in micro-batch order, as torch's .grad +=), and
-an absent micro-batch contributes nothing (lax.cond: it is not even computed).
+and, given `rows`, pads every entry of rank ≥ 1 with zeros to `rows` samples and adds
+mask [steps, rows] marking the real ones. `WindowLayout.pad(window)` is that layout for a
+conformance.data.Window (x, y and the [run] inject_nonfinite flag, at the run's dtypes), with
+`rows` the micro-batch size rounded up to a multiple of the device count. `masked_loss` keeps a
+padded micro-batch's mean from dividing by padding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from conformance.config.accumulation import AccumulationSpec
 from conformance.config.loss import LossSpec
 from conformance.data import Window
-from ref_jax.accumulation import WindowOutput
+from conformance.errors import InputError
 from ref_jax.losses import LossOutput
+
+WINDOW_ENTRIES = ("present", "n", "divisor")  # the window's own entries; every other one is per micro-batch
+
+
+def stack_window(batches: Sequence[Mapping[str, Any]], counts: Sequence[float] | None, steps: int,
+                 real_dtype: Any, rows: int | None = None) -> dict[str, Any]:
+    """One window at the fixed shape accumulate_gradients takes (see the module docstring).
+
+    Every micro-batch has the entries and trailing shapes of the first one; `counts` (one per
+    micro-batch, may be None when normalize = "micro_batches") give the divisor, NaN without them."""
+    if not batches or len(batches) > steps:
+        raise InputError(f"a window holds 1 to {steps} micro-batches; received {len(batches)}")
+    reserved = set(WINDOW_ENTRIES) | ({"mask"} if rows is not None else set())
+    if reserved & set(batches[0]):
+        raise InputError(f"micro-batch entries {sorted(reserved & set(batches[0]))} are the window's own")
+
+    def empty(leaf: Any) -> np.ndarray:
+        a = np.asarray(leaf)
+        shape = a.shape if rows is None or a.ndim == 0 else (rows,) + a.shape[1:]
+        return np.zeros((steps,) + shape, a.dtype)
+
+    out: dict[str, Any] = jax.tree.map(empty, dict(batches[0]))
+    mask = np.zeros((steps, rows), bool) if rows is not None else None
+    slots = jax.tree.leaves(out)
+    for j, batch in enumerate(batches):
+        for slot, leaf in zip(slots, jax.tree.leaves(dict(batch)), strict=True):
+            a = np.asarray(leaf)
+            if rows is not None and a.ndim:
+                slot[j, :a.shape[0]] = a
+            else:
+                slot[j] = a
+        if mask is not None:
+            mask[j, :_rows(batch)] = True
+    present = np.zeros((steps,), bool)
+    present[:len(batches)] = True
+    # float64 on the host, rounded once: the torch loop sums the counts the same way
+    total = np.nan if counts is None else float(np.sum(np.asarray(counts, np.float64)))
+    out.update(present=present, n=np.asarray(len(batches), real_dtype), divisor=np.asarray(total, real_dtype))
+    if mask is not None:
+        out["mask"] = mask
+    return out
+
+
+def _rows(batch: Mapping[str, Any]) -> int:
+    return next(np.shape(a)[0] for a in jax.tree.leaves(dict(batch)) if np.ndim(a))
 
 
 class WindowLayout(NamedTuple):
@@ -42,21 +88,13 @@ class WindowLayout(NamedTuple):
     tokens: bool = False
 
     def pad(self, window: Window, counts: list[float], inject: bool = False) -> dict[str, np.ndarray]:
-        """The window's arrays at the fixed shape (see the module docstring). `counts`: each
-        micro-batch's valid-element count (conformance.run.window_counts), known before the
-        forward pass; `inject`: [run] inject_nonfinite lists this update."""
-        first = window.batches[0]
-        x = np.zeros((self.steps, self.rows) + first.x.shape[1:], self.x_dtype)
-        y = np.zeros((self.steps, self.rows) + first.y.shape[1:], self.y_dtype)
-        mask = np.zeros((self.steps, self.rows), bool)
-        present = np.zeros((self.steps,), bool)
-        for j, b in enumerate(window.batches):
-            k = len(b.index)
-            x[j, :k], y[j, :k], mask[j, :k], present[j] = b.x, b.y, True, True
-        total = float(np.sum(np.asarray(counts, np.float64)))  # as accumulate_gradients sums counts
-        return {"x": x, "y": y, "mask": mask, "present": present,
-                "n": np.asarray(len(window.batches), self.real_dtype), "divisor": np.asarray(total, self.real_dtype),
-                "inject": np.asarray(bool(inject))}
+        """The window's arrays at the fixed shape: x, y, mask, inject (per micro-batch), present, n,
+        divisor. `counts`: each micro-batch's valid-element count (conformance.run.window_counts),
+        known before the forward pass; `inject`: [run] inject_nonfinite lists this update."""
+        flag = np.asarray(bool(inject))
+        batches = [{"x": np.asarray(b.x, self.x_dtype), "y": np.asarray(b.y, self.y_dtype), "inject": flag}
+                   for b in window.batches]
+        return stack_window(batches, counts, self.steps, self.real_dtype, self.rows)
 
 
 def rows_for(batch_size: int, devices: int) -> int:
@@ -84,40 +122,3 @@ def masked_loss(spec: LossSpec, out: LossOutput, rows: Any) -> LossOutput:
         return LossOutput(out.sum, out.sum, count)
     safe = jnp.where(count > 0, count, jnp.ones_like(count))
     return LossOutput(out.sum / safe, out.sum, count)
-
-
-def window_grads(spec: AccumulationSpec, loss_fn: Callable[[Any, Any], LossOutput], params: Any,
-                 window: dict[str, Any], scale_loss: Callable[[Any], Any] | None) -> tuple[Any, WindowOutput]:
-    """Gradients of one padded window, normalized once, as accumulate_gradients computes them.
-
-    loss_fn(params, micro_batch) -> LossOutput, micro_batch = {"x", "y", "mask", "j"} (j: its
-    index in the window). Returns (gradients like params, WindowOutput(loss, sum, divisor))."""
-    tokens = spec.normalize == "tokens"
-    divisor = window["divisor"] if tokens else window["n"]
-
-    def part_fn(p: Any, mb: Any) -> tuple[Any, tuple[Any, Any]]:
-        out = loss_fn(p, mb)
-        d = divisor.astype(out.sum.dtype)
-        part = out.sum / d if tokens else out.value / d
-        return (scale_loss(part) if scale_loss is not None else part), (part, out.sum)
-
-    grad_fn = jax.grad(part_fn, has_aux=True)
-    batches = {"x": window["x"], "y": window["y"], "mask": window["mask"],
-               "j": jnp.arange(window["present"].shape[0], dtype=jnp.int32)}
-    first = jax.tree.map(lambda a: a[0], batches)
-    _, (part_shape, sum_shape) = jax.eval_shape(part_fn, params, first)
-    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), part_shape.dtype), jnp.zeros((), sum_shape.dtype))
-
-    def body(carry: Any, xs: Any) -> tuple[Any, None]:
-        mb, present = xs
-
-        def run(_: Any) -> Any:
-            g, (part, s) = grad_fn(params, mb)
-            return g, part, s
-
-        g, part, s = jax.lax.cond(present, run, lambda _: zeros, None)
-        acc, loss, total = carry
-        return (jax.tree.map(jnp.add, acc, g), loss + part, total + s), None
-
-    (grads, loss, total), _ = jax.lax.scan(body, zeros, (batches, window["present"]))
-    return grads, WindowOutput(loss, total, divisor)

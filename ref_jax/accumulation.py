@@ -9,7 +9,8 @@ See conformance.config.accumulation. The `accumulate` case model is linear: x @ 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -19,9 +20,13 @@ import numpy as np
 from conformance.config.accumulation import AccumulationSpec
 from conformance.config.loss import LossSpec
 from conformance.errors import InputError
-from conformance.rules.windows import check_window, host_total, prepare_windows
+from conformance.rules.inputs import element_shape
+from conformance.rules.windows import check_window, prepare_windows
+from ref_jax._window import WINDOW_ENTRIES, masked_loss, stack_window
 from ref_jax.backend import framework_dtype, to_numpy
 from ref_jax.losses import compute_loss
+
+__all__ = ["WindowOutput", "accumulate_gradients", "check_window", "linear_forward", "window_gradients"]
 
 
 class WindowOutput(NamedTuple):
@@ -31,15 +36,6 @@ class WindowOutput(NamedTuple):
     loss: Any
     sum: Any
     count: Any
-
-
-def _window_size(window: Any) -> int:
-    if isinstance(window, (list, tuple)):
-        return len(window)
-    leaves = jax.tree.leaves(window)
-    if not leaves:
-        raise InputError("the window holds no arrays")
-    return int(leaves[0].shape[0])
 
 
 def accumulate_gradients(
@@ -55,50 +51,58 @@ def accumulate_gradients(
     """Gradients of one accumulation window, normalized once; returns (gradients, WindowOutput).
 
     loss_fn(params, micro_batch) -> LossOutput runs one micro-batch's forward pass (under autocast).
-    `window` is a sequence of micro-batches (JAX also takes a pytree of arrays stacked on a leading
-    axis: one lax.scan). micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N,
-    N = Σ counts (one count per micro-batch, from targets and masks before the forward pass);
-    reduce_count(N) replaces N, e.g. all-reduced over data-parallel ranks and divided by the world
-    size when DDP averages gradients. scale_loss multiplies each backpropagated loss (dynamic loss
-    scaling). no_sync() is entered for every micro-batch but the last (DDP's model.no_sync).
-    torch: gradients accumulate into each parameter's .grad (previous values are discarded) and are
-    returned as {name: p.grad}; JAX: returned as a pytree like params (traceable inside jit)."""
-    del no_sync  # gradients are reduced where the caller's sharding puts them, once per window
-    n = _window_size(window)
-    check_window(spec, n, counts)
+    micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N, N = Σ counts (one
+    count per micro-batch, from targets and masks before the forward pass); reduce_count(N) replaces
+    N, e.g. all-reduced over data-parallel ranks and divided by the world size when DDP averages
+    gradients. scale_loss multiplies each backpropagated loss (dynamic loss scaling). no_sync() is
+    entered for every micro-batch but the last (DDP's model.no_sync).
+    torch: `window` is a sequence of micro-batches; gradients accumulate into each parameter's .grad
+    (previous values are discarded) and are returned as {name: p.grad}.
+    JAX: `window` is laid out on the host at one fixed shape (ref_jax._window.stack_window: each
+    micro-batch entry stacked on a leading axis of at most accumulation.steps, "present" marking the
+    real micro-batches, "n" their number, "divisor" N; counts and no_sync are not read), so one
+    compiled loop serves every window: lax.scan adds the gradients in micro-batch order (as torch's
+    .grad +=), an absent micro-batch not even computed (lax.cond); loss_fn's micro-batch also holds
+    "j", its index in the window; gradients are returned as a pytree like params (traceable in jit)."""
+    del counts, no_sync  # the host layout summed the counts; sharding places the gradient reduction
+    if not isinstance(window, Mapping) or any(k not in window for k in WINDOW_ENTRIES):
+        raise InputError("the JAX accumulation loop takes a window laid out at one fixed shape "
+                         "(ref_jax._window.stack_window), not a sequence of micro-batches")
+    present = window["present"]
+    steps = present.shape[0]
+    if steps > spec.steps:
+        raise InputError(f"the window has {steps} micro-batch slots; accumulation.steps = {spec.steps}")
     tokens = spec.normalize == "tokens"
-    divisor: Any = float(n)
-    if tokens:
-        host = host_total(counts)
-        total = jnp.asarray(host) if host is not None else jnp.sum(jnp.asarray(counts))
-        divisor = reduce_count(total) if reduce_count is not None else total
+    divisor = window["divisor"] if tokens else window["n"]
+    if tokens and reduce_count is not None:
+        divisor = reduce_count(divisor)
 
     def part_fn(p: Any, mb: Any) -> tuple[Any, tuple[Any, Any]]:
         out = loss_fn(p, mb)
-        part = out.sum / jnp.asarray(divisor).astype(out.sum.dtype) if tokens else out.value / n
+        d = jnp.asarray(divisor).astype(out.sum.dtype)
+        part = out.sum / d if tokens else out.value / d
         return (scale_loss(part) if scale_loss is not None else part), (part, out.sum)
 
     grad_fn = jax.grad(part_fn, has_aux=True)
-    if isinstance(window, (list, tuple)):
-        grads, loss, total_sum = None, 0.0, 0.0
-        for mb in window:
-            g, (part, s) = grad_fn(params, mb)
-            # .grad += g order, as torch's AccumulateGrad
-            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-            loss, total_sum = loss + part, total_sum + s
-    else:
-        first = jax.tree.map(lambda x: x[0], window)
-        _, (part_shape, sum_shape) = jax.eval_shape(part_fn, params, first)
+    batches = {k: v for k, v in window.items() if k not in WINDOW_ENTRIES}
+    batches["j"] = jnp.arange(steps, dtype=jnp.int32)
+    first = jax.tree.map(lambda a: a[0], batches)
+    _, (part_shape, sum_shape) = jax.eval_shape(part_fn, params, first)
+    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), part_shape.dtype), jnp.zeros((), sum_shape.dtype))
 
-        def body(carry: Any, mb: Any) -> tuple[Any, None]:
-            acc, loss, total_sum = carry
-            g, (part, s) = grad_fn(params, mb)
-            return (jax.tree.map(jnp.add, acc, g), loss + part, total_sum + s), None
+    def body(carry: Any, xs: Any) -> tuple[Any, None]:
+        mb, real = xs
 
-        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), part_shape.dtype),
-                jnp.zeros((), sum_shape.dtype))
-        (grads, loss, total_sum), _ = jax.lax.scan(body, init, window)
-    return grads, WindowOutput(loss, total_sum, jnp.asarray(divisor))
+        def run(_: Any) -> Any:
+            g, (part, s) = grad_fn(params, mb)
+            return g, part, s
+
+        g, part, s = jax.lax.cond(real, run, lambda _: zeros, None)
+        acc, loss, total = carry
+        return (jax.tree.map(jnp.add, acc, g), loss + part, total + s), None
+
+    (grads, loss, total), _ = jax.lax.scan(body, zeros, (batches, present))
+    return grads, WindowOutput(loss, total, jnp.asarray(divisor))
 
 
 def linear_forward(params: Any, x: Any) -> Any:
@@ -110,10 +114,29 @@ def linear_forward(params: Any, x: Any) -> Any:
     return x @ params["w"] + params["b"]
 
 
-def _array(a: np.ndarray, dt: Any) -> Any:
-    a = np.asarray(a)
-    return jnp.asarray(a) if np.issubdtype(a.dtype, np.integer) or a.dtype == bool else jnp.asarray(
-        a.astype(np.float64), dt)
+def _micro_batch(loss_spec: LossSpec, mb: Mapping[str, np.ndarray], dt: Any, d_out: int) -> dict[str, np.ndarray]:
+    """A case micro-batch as the loop's entries: floats in the case dtype, and "valid", its
+    element mask (all True without one), which the padding rows extend with False."""
+    x = np.asarray(mb["x"], np.float64).astype(dt)
+    y = np.asarray(mb["y"])
+    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == bool):
+        y = y.astype(np.float64).astype(dt)
+    mask = mb.get("mask")
+    if mask is None:
+        mask = np.ones(element_shape(loss_spec, np.zeros((x.shape[0], d_out)), y), bool)
+    return {"x": x, "y": y, "valid": np.asarray(mask, bool)}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _linear_window(loss_json: str, spec_json: str, params: Any, window: Any) -> tuple[Any, WindowOutput]:
+    # the specs as JSON (hashable, unlike specs with list fields): equal cases share one compile
+    loss_spec, spec = LossSpec.model_validate_json(loss_json), AccumulationSpec.model_validate_json(spec_json)
+
+    def loss_fn(p: Any, mb: Any) -> Any:
+        out = compute_loss(loss_spec, linear_forward(p, mb["x"]), mb["y"], None, mb["valid"])
+        return masked_loss(loss_spec, out, jnp.sum(mb["mask"]))
+
+    return accumulate_gradients(spec, loss_fn, params, window)
 
 
 def window_gradients(
@@ -128,16 +151,15 @@ def window_gradients(
     Returns {"grads": [{w, b} per window], "loss": [per window], "count": [the divisor per
     window]} as float64 NumPy."""
     windows = prepare_windows(loss_spec, spec, params, micro_batches)
-    dt = framework_dtype(dtype)
+    dt = np.dtype(framework_dtype(dtype))
     model = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
-
-    def loss_fn(p: Any, mb: Any) -> Any:
-        return compute_loss(loss_spec, linear_forward(p, mb["x"]), mb["y"], None, mb.get("mask"))
-
+    d_out = model["w"].shape[1]
+    rows = max(np.shape(mb["x"])[0] for window in windows for mb, _ in window)  # one shape, one compile
+    specs = (loss_spec.model_dump_json(), spec.model_dump_json())
     out: dict[str, list[Any]] = {"grads": [], "loss": [], "count": []}
     for window in windows:
-        batches = [{k: _array(v, dt) for k, v in mb.items()} for mb, _ in window]
-        grads, res = accumulate_gradients(spec, loss_fn, model, batches, counts=[c for _, c in window])
+        batches = [_micro_batch(loss_spec, mb, dt, d_out) for mb, _ in window]
+        grads, res = _linear_window(*specs, model, stack_window(batches, [c for _, c in window], spec.steps, dt, rows))
         out["grads"].append({k: to_numpy(g) for k, g in grads.items()})
         out["loss"].append(float(res.loss))
         out["count"].append(float(res.count))

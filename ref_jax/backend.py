@@ -12,6 +12,8 @@ import numpy as np
 
 from conformance.errors import UnsupportedError
 
+__all__ = ["NAME", "context", "describe", "framework_dtype", "to_numpy"]
+
 NAME = "jax"
 
 _DTYPES = {

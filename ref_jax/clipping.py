@@ -22,6 +22,8 @@ from ref_jax._clip_transforms import clip_transform, tree_total_norm
 from ref_jax._trees import is_traced, named_leaves
 from ref_jax.backend import framework_dtype, to_numpy
 
+__all__ = ["check_norm", "clip_and_norm", "clip_gradients", "total_norm"]
+
 
 def _check_tree(grads: Any) -> None:
     if grads is None or isinstance(grads, (str, bytes)):

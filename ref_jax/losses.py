@@ -1,4 +1,5 @@
-"""Losses on jax arrays, built on optax.losses, reduced through (sum, count).
+"""Losses on framework arrays, reduced through (sum, count): torch's built on
+torch.nn.functional, JAX's on optax.losses.
 
 Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked elements
 sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
@@ -18,6 +19,8 @@ import optax
 from conformance.config.loss import LossSpec
 from conformance.rules.inputs import check_loss_inputs, is_index_target
 from ref_jax.backend import framework_dtype, to_numpy
+
+__all__ = ["LossOutput", "compute_loss", "elementwise", "loss_value_and_grad"]
 
 
 class LossOutput(NamedTuple):

@@ -1,8 +1,11 @@
-"""The built-in models as Flax NNX modules: linear, mlp (the seeds' classifier) and gpt (nanoGPT).
+"""The built-in models as framework modules (torch.nn; Flax NNX): linear, mlp (the seeds'
+classifier) and gpt (nanoGPT).
 
 Parameter names, layouts and initial values are the framework-neutral ones of conformance.models
 (docs/models.md): weights are stored [out, in] as torch's (y = x @ W.T + b), so a parameter dict
-moves between the frameworks unchanged. `build_model` loads the NumPy initial parameters.
+moves between the frameworks unchanged, and every LayerNorm uses LN_EPS. `build_model` loads the
+NumPy initial parameters (torch: into a module made on the meta device, so torch's own init never
+runs and its global generator is left untouched).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
 from conformance.errors import UnsupportedError
 from conformance.models import (
+    LN_EPS,
     check_model_input,
     dims_from_params,
     init_params,
@@ -28,7 +32,8 @@ from conformance.models import (
 )
 from ref_jax.backend import framework_dtype
 
-LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "named_parameters"]
+
 _HALF = (jnp.bfloat16, jnp.float16)
 
 

@@ -1,4 +1,5 @@
-"""Optimizers with torch.optim's semantics, parameter groups and a neutral state, on jax/optax.
+"""Optimizers with torch.optim's semantics, parameter groups and a neutral state (torch: on
+torch.optim; JAX: on optax).
 
 Trainers build the optimizer from the spec and the named parameters (the names of torch's
 `named_parameters()`, e.g. `0.weight`), read and set per-group hyper-parameters before every
@@ -35,6 +36,11 @@ from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
 from ref_jax import _assembly, _elementwise
 from ref_jax.backend import framework_dtype, to_numpy
+
+__all__ = [
+    "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
+    "set_group_hyperparams",
+]
 
 
 def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
@@ -111,7 +117,6 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
     check_state(_groups(state), dict(zip(plan.names, plan.shapes)), entries)
     leaves = dict(_assembly.fresh_state(plan, state.hyperparams).leaves)
     for name, entry in entries.items():
-        gi = plan.group_index[plan.names.index(name)]
         fresh = leaves[name]
         values = {}
         for field, cur in zip(fresh._fields, fresh):

@@ -1,10 +1,13 @@
-"""Learning-rate schedules in JAX: optax schedules of the optimizer's update count.
+"""Learning-rate schedules: the framework's own schedule objects, one value per update.
 
-The trainer gets one jittable schedule per param group from `build_schedules(spec, base_lrs,
-updates_per_epoch)` (see ref_jax._schedules) and feeds it the update count: update t applies the
-value at t (docs/contract.md §2), as optax's scale_by_schedule / inject_hyperparams do. onecycle with
-cycle_momentum also yields momentum (or beta1) schedules. `schedule_values` is the neutral entry
-point the conformance harness calls. Closed forms: conformance/oracle/schedules.py.
+torch: torch.optim.lr_scheduler classes (ref_torch._schedules.build_scheduler), stepped after
+every optimizer.step(); JAX: one jittable optax schedule per param group, of the update count
+(ref_jax._schedules.build_schedules; onecycle with cycle_momentum also yields momentum or beta1
+schedules). Either way update t applies the value at t (docs/contract.md §2).
+`schedule_values` is the neutral entry point the conformance harness calls: torch drives the
+scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and reads the lr
+(and cycled momentum) each update applies; JAX evaluates the schedules at every update count.
+Closed forms: conformance/oracle/schedules.py.
 """
 
 from __future__ import annotations
@@ -17,16 +20,11 @@ import numpy as np
 from conformance.config.schedule import ScheduleSpec
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import check_schedule, cycled_hyperparameter
-from ref_jax._schedules import (
-    GroupSchedules,
-    build_schedules,
-    lr_schedule,
-    schedule_step,
-)
+from ref_jax._schedules import build_schedules
 
 _CHUNK = 512  # updates evaluated per call
 
-__all__ = ["GroupSchedules", "build_schedules", "lr_schedule", "schedule_step", "schedule_values"]
+__all__ = ["schedule_values"]
 
 
 def schedule_values(

@@ -1,24 +1,26 @@
-"""The JAX trainer: `train(config, out_dir)` runs a whole training config and writes docs/contract.md §5's files.
+"""The trainer: `train(config, out_dir)` runs a whole training config and writes docs/contract.md §5's files.
 
     result = train("configs/linear_regression.toml", "runs/lr")          # or a Config, or None
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
 
-The mirror of ref_torch.trainer: the same configs, metrics lines and checkpoints, the same run to
-the tolerance of the dtype (docs/jax_trainer.md). A plain loop over small parts:
+Both backends run the same configs, write the same metrics lines and checkpoints (either resumes
+the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). A plain loop over
+small parts (conformance.run holds the framework-neutral half, shared by both):
 
-    run = open_run(...)                           # conformance.run: dir, data, checkpoint, metrics
-    parts, state ← ref_jax._train_state (model twin with torch's initial weights, optimizer,
-                   schedules, window layout), restored from run.checkpoint (either trainer's)
-    step ← ref_jax._train_step: ONE jitted, donating function for the whole update
+    run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
+    model, optimizer, schedule, loss scale ← built, then restored from run.checkpoint if resuming
     for t in range(run.start, run.planned):
-        state, out = step(state, window t padded to the fixed shape, t)   # schedule position on device
-        (the host lays out window t + 1 meanwhile)
-        finish_update → counters, metrics line, evaluation, checkpoint     # as the torch trainer
+        window = run.data.window(t)               # the micro-batches of update t (pure function of t)
+        update                                    # scale → gradients over the window → unscale →
+                                                  # finite check → clip → step or skip → scaler → schedule
+        run.counters = advance(...); metrics line; evaluation every run.eval_every; checkpoint
 
-Precision: ref_jax.precision.numerics_context wraps the run (64-bit types only for float64 runs;
-float32 matmuls at full precision unless precision.allow_tf32); bfloat16/float16 through the
-dtype Policy. Devices: every device of run.device in one Mesh, each batch split over them
-(ref_jax._parallel); global batch = data.batch_size × accumulation.steps whatever their number.
+torch: ref_torch._update.apply_update per update; one process per rank (torchrun: DDP or FSDP).
+JAX: ONE jitted, donating step for the whole update (ref_jax._train_step), the schedule position
+on the device; the host lays out window t + 1 at one fixed shape while the device computes update
+t. Every device of run.device in one Mesh, each batch split over them (ref_jax._parallel); global
+batch = data.batch_size × accumulation.steps whatever their number. Precision: numerics_context
+wraps the run (64-bit types only for float64 runs), bfloat16/float16 through the dtype Policy.
 
 Contract shared by every backend's `train` (same signature and docstring):
 
@@ -27,14 +29,15 @@ Contract shared by every backend's `train` (same signature and docstring):
 - `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
-  torchrun), else 0 and 1. `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
+  torchrun), else 0 and 1 (the JAX trainer runs as rank 0 of 1, else UnsupportedError).
+  `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
 - `events(name, info)`: called at the run's named moments (conformance.run.events: micro-batches
   or dispatched windows, checkpoint stages); None = nobody watches.
-- `[run] inject_nonfinite = [t, ...]`: the window loss of each listed update is replaced by +inf
-  *after* the backward pass has produced finite gradients, so the update is non-finite exactly as
-  an overflow would be (skipped under dynamic loss scaling; NonFiniteError under
-  on_nonfinite = "raise" or without dynamic scaling and on_nonfinite = "skip" beyond
-  max_consecutive_skips). Gradients are multiplied by +inf too, so the finite check sees them.
+- `[run] inject_nonfinite = [t, ...]`: every micro-batch loss (value and sum) of each listed
+  update is multiplied by +inf before the backward pass (conformance.run.batches.injected), so the
+  window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
+  under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
+  with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
 - Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
   NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
   resumed call returns only the updates after the checkpoint), the number of updates done, the
@@ -73,10 +76,12 @@ from conformance.run.session import Run, TrainResult, open_run
 from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
 from ref_jax._parallel import placement
-from ref_jax._train_step import StepOutput, make_eval_step, make_train_step, specs_of
-from ref_jax._update import finish_update
+from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
+from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import pad_rows
 from ref_jax.precision import numerics_context
+
+__all__ = ["train"]
 
 
 def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
@@ -117,7 +122,7 @@ def _loop(run: Run) -> TrainResult:
     step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place)
     tables = place.put_replicated(parts.tables)
     evaluate = None
-    specs = specs_of(config)
+    specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     for note in check_run_length(config.schedule, run.planned, per_epoch):

@@ -1,12 +1,14 @@
-"""Twinstep's own torch optimizers, for what torch.optim lacks: Lion, and optax's semantics of Adam
-(eps_root, optax's AMSGrad variants), RMSprop and Adagrad (eps inside the square root).
+"""Per-parameter optimizer math for ref_torch (the twin of ref_jax._elementwise) where torch.optim
+has none: twinstep's own torch.optim.Optimizer classes Lion, AdamVariants (optax's eps_root and
+AMSGrad variants), RMSpropEpsInSqrt and AdagradEpsInSqrt (optax's eps inside the square root).
+Every other optimizer is torch.optim's own class (ref_torch._assembly builds them all).
 
-Each is a thin torch.optim.Optimizer over a functional core written with torch._foreach_* kernels
-(one launch per op for a whole group on CUDA; per-tensor loops on the CPU), in torch.optim's
-vocabulary: param_groups carry the hyper-parameters, `state[p]` the tensors (torch's names:
-exp_avg, exp_avg_sq, max_exp_avg_sq, square_avg, grad_avg, momentum_buffer, sum) and a float
-`step` tensor like the built-ins. Parameters whose `grad` is None are skipped (state untouched).
-The equations are those of conformance/oracle/optimizers.py.
+Each is a thin Optimizer object over a functional core (`_update(group, params, grads, states)`)
+written with torch._foreach_* kernels (one launch per op for a whole group on CUDA; per-tensor
+loops on the CPU), in torch.optim's vocabulary: param_groups carry the hyper-parameters, `state[p]`
+the tensors (torch's names: exp_avg, exp_avg_sq, max_exp_avg_sq, square_avg, grad_avg,
+momentum_buffer, sum) and a float `step` tensor like the built-ins. Parameters whose `grad` is None
+are skipped (state untouched). The equations are those of conformance/oracle/optimizers.py.
 """
 
 from __future__ import annotations

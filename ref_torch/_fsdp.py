@@ -47,7 +47,7 @@ def check(config: Config) -> None:
                           "turn compile off")
 
 
-def shard(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def shard(model: torch.nn.Module) -> torch.nn.Module:
     """fully_shard each gpt block / mlp Linear, then the root (which keeps the tied embedding)."""
     from torch.distributed.fsdp import fully_shard
 

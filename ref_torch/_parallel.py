@@ -116,7 +116,7 @@ def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel
     if parallel == "fsdp":
         from ref_torch import _fsdp
 
-        return _fsdp.shard(model, device)
+        return _fsdp.shard(model)
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None

@@ -61,10 +61,6 @@ class PerEpochLR(sched.LRScheduler):
         self.__dict__.update(state)
 
 
-def _lambda(optimizer: Optimizer, factors: Sequence[Callable[[int], float]]) -> sched.LambdaLR:
-    return sched.LambdaLR(optimizer, list(factors))
-
-
 def _warmup(optimizer: Optimizer, spec: ScheduleSpec) -> sched.LRScheduler:
     w, sf = spec.warmup_steps, spec.start_factor
     if sf > 0:
@@ -165,7 +161,7 @@ def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> li
         if spec.convention == "torch":
             return [warm, (None, cos)]
         # optax holds eta_min after total_steps; torch's cosine would climb back
-        hold = lambda: _lambda(o, [_ratio(lambda s: eta, b) for b in base])  # noqa: E731
+        hold = lambda: sched.LambdaLR(o, [_ratio(lambda s: eta, b) for b in base])  # noqa: E731
         return [warm, (total - w, cos), (None, hold)]
     if name == "inverse_sqrt":
         tau = spec.timescale
@@ -173,7 +169,7 @@ def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> li
     if name == "wsd":
         w, d, total = spec.warmup_steps, spec.decay_steps, spec.total_steps
         stable = lambda: sched.ConstantLR(o, factor=1.0, total_iters=1)  # noqa: E731
-        decay = lambda: _lambda(o, [_ratio(_wsd_decay(spec, b), b) for b in base])  # noqa: E731
+        decay = lambda: sched.LambdaLR(o, [_ratio(_wsd_decay(spec, b), b) for b in base])  # noqa: E731
         return [warm, (total - w - d, stable), (None, decay)]
     if name == "sequential":
         bounds = [0, *spec.milestones]

@@ -23,6 +23,8 @@ from conformance.rules.windows import check_window, prepare_windows
 from ref_torch.backend import framework_dtype, to_numpy
 from ref_torch.losses import compute_loss
 
+__all__ = ["WindowOutput", "accumulate_gradients", "check_window", "linear_forward", "window_gradients"]
+
 
 class WindowOutput(NamedTuple):
     """One window's loss as backpropagated (normalized, before loss scaling, no gradient), the
@@ -46,14 +48,19 @@ def accumulate_gradients(
     """Gradients of one accumulation window, normalized once; returns (gradients, WindowOutput).
 
     loss_fn(params, micro_batch) -> LossOutput runs one micro-batch's forward pass (under autocast).
-    `window` is a sequence of micro-batches (JAX also takes a pytree of arrays stacked on a leading
-    axis: one lax.scan). micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N,
-    N = Σ counts (one count per micro-batch, from targets and masks before the forward pass);
-    reduce_count(N) replaces N, e.g. all-reduced over data-parallel ranks and divided by the world
-    size when DDP averages gradients. scale_loss multiplies each backpropagated loss (dynamic loss
-    scaling). no_sync() is entered for every micro-batch but the last (DDP's model.no_sync).
-    torch: gradients accumulate into each parameter's .grad (previous values are discarded) and are
-    returned as {name: p.grad}; JAX: returned as a pytree like params (traceable inside jit)."""
+    micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N, N = Σ counts (one
+    count per micro-batch, from targets and masks before the forward pass); reduce_count(N) replaces
+    N, e.g. all-reduced over data-parallel ranks and divided by the world size when DDP averages
+    gradients. scale_loss multiplies each backpropagated loss (dynamic loss scaling). no_sync() is
+    entered for every micro-batch but the last (DDP's model.no_sync).
+    torch: `window` is a sequence of micro-batches; gradients accumulate into each parameter's .grad
+    (previous values are discarded) and are returned as {name: p.grad}.
+    JAX: `window` is laid out on the host at one fixed shape (ref_jax._window.stack_window: each
+    micro-batch entry stacked on a leading axis of at most accumulation.steps, "present" marking the
+    real micro-batches, "n" their number, "divisor" N; counts and no_sync are not read), so one
+    compiled loop serves every window: lax.scan adds the gradients in micro-batch order (as torch's
+    .grad +=), an absent micro-batch not even computed (lax.cond); loss_fn's micro-batch also holds
+    "j", its index in the window; gradients are returned as a pytree like params (traceable in jit)."""
     if not isinstance(params, Mapping):
         raise InputError("params must be a mapping of name -> parameter, e.g. dict(model.named_parameters())")
     micro = list(window)

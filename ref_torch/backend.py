@@ -11,6 +11,8 @@ import torch
 
 from conformance.errors import UnsupportedError
 
+__all__ = ["NAME", "context", "describe", "framework_dtype", "to_numpy"]
+
 NAME = "torch"
 
 _DTYPES = {

@@ -1,10 +1,12 @@
-"""Move model weights and RNG state between torch objects and the neutral checkpoint dicts.
+"""Move model weights and RNG state between framework objects and the neutral checkpoint dicts.
 
     tensors = model_state(model)           # {neutral name: ndarray}, the parameters' own dtype
     load_model_state(model, tensors)       # strict: same names, shapes and dtypes, else CheckpointError
-    rng, meta = capture_rng()              # torch CPU (+ every initialised CUDA device), Python, NumPy
-    restore_rng(rng, meta)
+    rng, meta = capture_rng(source)        # the framework's generators + Python's and NumPy's
+    generator = restore_rng(rng, meta)
 
+torch: capture_rng() captures the global generators (CPU and every initialised CUDA device);
+JAX: capture_rng(key) the key's raw uint32 data and its impl, and restore_rng returns the key.
 Optimizer, scheduler and loss-scale states arrive already neutral (their modules export them).
 """
 
@@ -22,6 +24,10 @@ from conformance.checkpoint.files import load_tensors, save_tensors
 from conformance.checkpoint.rng import capture_host_rng, restore_host_rng
 from conformance.errors import CheckpointError
 from ref_torch.models import named_parameters
+
+__all__ = [
+    "capture_rng", "export_weights", "import_weights", "load_model_state", "model_state", "restore_rng",
+]
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -20,6 +20,8 @@ from conformance.errors import InputError, NonFiniteError
 from conformance.rules.nonfinite import nonfinite_norm_message
 from ref_torch.backend import framework_dtype, to_numpy
 
+__all__ = ["check_norm", "clip_and_norm", "clip_gradients", "total_norm"]
+
 
 class _GradRef(NamedTuple):
     # torch.nn.utils' clip functions read `.grad` from "parameters"; this hands them bare gradients.

@@ -1,4 +1,5 @@
-"""Losses on torch tensors, built on torch.nn.functional, reduced through (sum, count).
+"""Losses on framework arrays, reduced through (sum, count): torch's built on
+torch.nn.functional, JAX's on optax.losses.
 
 Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked elements
 sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 from conformance.config.loss import LossSpec
 from conformance.rules.inputs import check_loss_inputs, is_index_target
 from ref_torch.backend import framework_dtype, to_numpy
+
+__all__ = ["LossOutput", "compute_loss", "elementwise", "loss_value_and_grad"]
 
 
 class LossOutput(NamedTuple):

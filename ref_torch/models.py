@@ -1,8 +1,11 @@
-"""The built-in models as torch.nn modules: linear, mlp (the seeds' classifier) and gpt (nanoGPT).
+"""The built-in models as framework modules (torch.nn; Flax NNX): linear, mlp (the seeds'
+classifier) and gpt (nanoGPT).
 
 Parameter names, layouts and initial values are the framework-neutral ones of conformance.models
-(docs/models.md): `build_model` makes the module on the meta device and loads the NumPy initial
-parameters, so torch's own init never runs and its global generator is left untouched.
+(docs/models.md): weights are stored [out, in] as torch's (y = x @ W.T + b), so a parameter dict
+moves between the frameworks unchanged, and every LayerNorm uses LN_EPS. `build_model` loads the
+NumPy initial parameters (torch: into a module made on the meta device, so torch's own init never
+runs and its global generator is left untouched).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from torch import nn
 from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
 from conformance.models import (
+    LN_EPS,
     check_model_input,
     dims_from_params,
     init_params,
     model_dims,
 )
 from ref_torch.backend import framework_dtype
+
+__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "named_parameters"]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
@@ -43,7 +49,7 @@ class MLP(nn.Sequential):
         for h in hidden:
             layers += [nn.Linear(width, h, bias=bias), _ACTIVATIONS[activation]()]
             if norm == "layernorm":
-                layers.append(nn.LayerNorm(h, bias=bias))
+                layers.append(nn.LayerNorm(h, eps=LN_EPS, bias=bias))
             width = h
         layers.append(nn.Linear(width, out_features, bias=bias))
         super().__init__(*layers)
@@ -80,9 +86,9 @@ class _FeedForward(nn.Module):
 class _Block(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.ln_1 = nn.LayerNorm(n_embd, eps=LN_EPS, bias=bias)
         self.attn = _SelfAttention(n_embd, n_head, dropout, bias)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=LN_EPS, bias=bias)
         self.mlp = _FeedForward(n_embd, dropout, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,12 +110,12 @@ class GPT(nn.Module):
             wpe=nn.Embedding(block_size, n_embd),
             drop=nn.Dropout(dropout),
             h=nn.ModuleList([_Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)]),
-            ln_f=nn.LayerNorm(n_embd, bias=bias),
+            ln_f=nn.LayerNorm(n_embd, eps=LN_EPS, bias=bias),
         ))
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.tie_weights()
+        self._tie_weights()
 
-    def tie_weights(self) -> None:
+    def _tie_weights(self) -> None:
         # The tie must be redone whenever parameters are replaced (to_empty, load).
         self.lm_head.weight = self.transformer.wte.weight
 
@@ -144,7 +150,7 @@ def build_model(spec: ModelSpec, info: DataInfo | None, seed: int = 0, dtype: st
         model = _make(spec, info)
     model = model.to_empty(device=device or "cpu").to(framework_dtype(dtype))
     if isinstance(model, GPT):
-        model.tie_weights()
+        model._tie_weights()
     _load(model, init_params(spec, info, seed))
     return model.train()
 
@@ -171,10 +177,10 @@ def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype
     check_model_input(spec, params, x)
     shapes = {k: tuple(v.shape) for k, v in params.items()}
     with torch.device("meta"):
-        model = _make_from_shapes(spec, shapes)
+        model = _make(spec.model_copy(update=dims_from_params(spec, shapes)), None)
     model = model.to_empty(device="cpu").to(framework_dtype(dtype))
     if isinstance(model, GPT):
-        model.tie_weights()
+        model._tie_weights()
     _load(model, params)
     model.eval()
     inp = torch.from_numpy(np.asarray(x, np.int64 if spec.name == "gpt" else np.float64))
@@ -182,7 +188,3 @@ def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype
         inp = inp.to(framework_dtype(dtype))
     with torch.inference_mode():
         return model(inp).to(torch.float64).numpy()
-
-
-def _make_from_shapes(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> nn.Module:
-    return _make(spec.model_copy(update=dims_from_params(spec, shapes)), None)

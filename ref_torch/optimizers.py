@@ -1,4 +1,5 @@
-"""Optimizers with torch.optim's semantics, parameter groups and a neutral state, on torch.optim.
+"""Optimizers with torch.optim's semantics, parameter groups and a neutral state (torch: on
+torch.optim; JAX: on optax).
 
 Trainers build the optimizer from the spec and the named parameters (the names of torch's
 `named_parameters()`, e.g. `0.weight`), read and set per-group hyper-parameters before every
@@ -35,6 +36,11 @@ from conformance.rules.trajectory import check_trajectory_inputs, objective_grad
 from ref_torch import _assembly, _muon
 from ref_torch.backend import framework_dtype, to_numpy
 
+__all__ = [
+    "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
+    "set_group_hyperparams",
+]
+
 
 def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
     """Build the optimizer of `spec` for the named parameters (torch: an iterable of (name,
@@ -66,11 +72,11 @@ def _build_optimizer(spec: OptimizerSpec, named_params: Any, impl: str = "auto")
         fb = spec.fallback.name  # type: ignore[union-attr]
         opt = _muon.MuonWithFallback(
             dicts, lambda gs: _assembly.make_single("muon", gs, impl), lambda gs: _assembly.make_single(fb, gs, impl))
-    _reset_adagrad(opt, groups)
+    _reset_adagrad(opt)
     return opt
 
 
-def _reset_adagrad(opt: torch.optim.Optimizer, groups: list[ParamGroup]) -> None:
+def _reset_adagrad(opt: torch.optim.Optimizer) -> None:
     # torch.optim.Adagrad fills every accumulator with the constructor's initial_accumulator_value
     # and ignores a group's own; twinstep honours the group's
     for group in opt.param_groups:

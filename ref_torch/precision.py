@@ -25,6 +25,13 @@ from conformance.rules.loss_scale import require_dynamic_scaling
 from conformance.rules.nonfinite import check_nonfinite as check_policy
 from ref_torch.backend import framework_dtype
 
+__all__ = [
+    "LossScaleState", "LossScaler", "Policy", "SkipState", "autocast", "check_nonfinite", "finite_flags",
+    "get_policy", "grads_finite", "init_scale_state", "init_skip_state", "loss_scale_trace",
+    "numerics_context", "record_update", "scale_loss", "scale_state_from_dict", "scale_state_to_dict",
+    "unscale_grads", "update_scale",
+]
+
 
 def _map_floating(tree: Any, dtype: Any) -> Any:
     if isinstance(tree, torch.Tensor):

@@ -1,10 +1,13 @@
-"""Learning-rate schedules in PyTorch: torch.optim.lr_scheduler classes, stepped once per update.
+"""Learning-rate schedules: the framework's own schedule objects, one value per update.
 
-The trainer calls `build_scheduler(spec, optimizer, updates_per_epoch)` (see ref_torch._schedules)
-and steps the scheduler after every `optimizer.step()`; update t then applies the value at t
-(docs/contract.md §2). `schedule_values` is the neutral entry point the conformance harness calls: it
-drives the same scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and
-reads the lr (and cycled momentum) each update applies. Closed forms: conformance/oracle/schedules.py.
+torch: torch.optim.lr_scheduler classes (ref_torch._schedules.build_scheduler), stepped after
+every optimizer.step(); JAX: one jittable optax schedule per param group, of the update count
+(ref_jax._schedules.build_schedules; onecycle with cycle_momentum also yields momentum or beta1
+schedules). Either way update t applies the value at t (docs/contract.md §2).
+`schedule_values` is the neutral entry point the conformance harness calls: torch drives the
+scheduler on a stand-in optimizer (SGD, or Adam when onecycle cycles beta1) and reads the lr
+(and cycled momentum) each update applies; JAX evaluates the schedules at every update count.
+Closed forms: conformance/oracle/schedules.py.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import torch
 from conformance.config.schedule import ScheduleSpec
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import check_schedule, cycled_hyperparameter
-from ref_torch._schedules import PerEpochLR, build_scheduler
+from ref_torch._schedules import build_scheduler
 
-__all__ = ["PerEpochLR", "build_scheduler", "schedule_values"]
+__all__ = ["schedule_values"]
 
 
 def schedule_values(

@@ -3,16 +3,24 @@
     result = train("configs/linear_regression.toml", "runs/lr")          # or a Config, or None
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
 
-A plain loop over small parts (conformance.run holds the framework-neutral half, shared with
-the other backend's trainer):
+Both backends run the same configs, write the same metrics lines and checkpoints (either resumes
+the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). A plain loop over
+small parts (conformance.run holds the framework-neutral half, shared by both):
 
     run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
-    model, optimizer, scheduler, scaler ← build, then restore from run.checkpoint if resuming
+    model, optimizer, schedule, loss scale ← built, then restored from run.checkpoint if resuming
     for t in range(run.start, run.planned):
         window = run.data.window(t)               # the micro-batches of update t (pure function of t)
-        apply_update(...)                         # scale → backward over the window → unscale →
+        update                                    # scale → gradients over the window → unscale →
                                                   # finite check → clip → step or skip → scaler → schedule
         run.counters = advance(...); metrics line; evaluation every run.eval_every; checkpoint
+
+torch: ref_torch._update.apply_update per update; one process per rank (torchrun: DDP or FSDP).
+JAX: ONE jitted, donating step for the whole update (ref_jax._train_step), the schedule position
+on the device; the host lays out window t + 1 at one fixed shape while the device computes update
+t. Every device of run.device in one Mesh, each batch split over them (ref_jax._parallel); global
+batch = data.batch_size × accumulation.steps whatever their number. Precision: numerics_context
+wraps the run (64-bit types only for float64 runs), bfloat16/float16 through the dtype Policy.
 
 Contract shared by every backend's `train` (same signature and docstring):
 
@@ -21,11 +29,12 @@ Contract shared by every backend's `train` (same signature and docstring):
 - `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
-  torchrun), else 0 and 1. `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
+  torchrun), else 0 and 1 (the JAX trainer runs as rank 0 of 1, else UnsupportedError).
+  `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
 - `events(name, info)`: called at the run's named moments (conformance.run.events: micro-batches
   or dispatched windows, checkpoint stages); None = nobody watches.
 - `[run] inject_nonfinite = [t, ...]`: every micro-batch loss (value and sum) of each listed
-  update is multiplied by +inf before the backward pass (conformance.injected), so the
+  update is multiplied by +inf before the backward pass (conformance.run.batches.injected), so the
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
@@ -63,13 +72,15 @@ from conformance.run.throughput import throughput_extras
 from ref_torch import _fsdp, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
+from ref_torch._schedules import build_scheduler
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.losses import LossOutput, compute_loss
 from ref_torch.models import build_model, named_parameters
 from ref_torch.optimizers import build_optimizer
 from ref_torch.precision import LossScaler, autocast, init_skip_state, numerics_context
-from ref_torch.schedules import build_scheduler
+
+__all__ = ["train"]
 
 
 def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, resume: bool = False,
@@ -141,7 +152,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     forward = rt.maybe_compile(wrapped, config)
     skips = init_skip_state()
     if run.checkpoint is not None:
-        skips = _restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
+        skips = _train_state.restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
     model.train()
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     hooks = ddp.update_hooks(wrapped, run.world_size, device)
@@ -150,7 +161,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     last: Path | None = None
     for t in range(run.start, run.planned):
         t0 = time.perf_counter()
-        window = _data_window(run, t)
+        window = run.data.window(t)  # the data position is the update count: a pure function of t
         batches, counts = _prepare(config, run, window, device, pdtype)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
@@ -169,15 +180,6 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
         if checkpoint_due(run, t):
             last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
     return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
-
-
-def _restore(checkpoint: Any, objs: _train_state.Objects, rank: int) -> Any:
-    return _train_state.restore(checkpoint, objs, rank)
-
-
-def _data_window(run: Run, t: int) -> Any:
-    # The data position is the update count: window(t) is a pure function of t.
-    return run.data.window(t)
 
 
 def _note(run: Run, text: str, progress: str) -> None:

@@ -21,6 +21,7 @@ from conformance.config.loss import LossSpec
 from conformance.errors import ConfigError, InputError
 from ref_jax import accumulation as ja
 from ref_jax import losses as jl
+from ref_jax._window import masked_loss, stack_window
 from ref_torch import accumulation as ta
 from ref_torch import losses as tl
 
@@ -105,7 +106,7 @@ def test_last_window_drop_and_update() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# framework-level API: jit/scan, hooks
+# framework-level API: one compiled loop (JAX), hooks
 # ---------------------------------------------------------------------------------------------
 
 
@@ -121,22 +122,91 @@ def _equal_batches(rng: np.random.Generator, n: int, rows: int = 3) -> list[dict
     return [{"x": rng.normal(size=(rows, D_IN)), "y": rng.integers(0, C, size=rows)} for _ in range(n)]
 
 
+def _laid_out(batches: list[dict], counts=None, steps: int | None = None, rows: int | None = None) -> dict:
+    """NumPy micro-batches laid out for the JAX loop, as the trainer and window_gradients do."""
+    return stack_window(batches, counts, steps or len(batches), np.float64, rows)
+
+
+def _padded_loss_jax(p, mb):
+    out = jl.compute_loss(CE, ja.linear_forward(p, mb["x"]), mb["y"], mask=mb["mask"])
+    return masked_loss(CE, out, jnp.sum(mb["mask"]))
+
+
 @jax.enable_x64(True)
 @pytest.mark.parametrize("normalize", ["tokens", "micro_batches"])
 def test_jax_scan_equals_python_loop_under_jit(normalize: str) -> None:
+    # A-ORDER: the one loop (lax.scan from zeros, jitted) adds the micro-batch gradients in order,
+    # as a Python loop of jax.grad calls does (the first gradient, then +=) and torch's .grad +=
     rng = np.random.default_rng(0)
     batches = _equal_batches(rng, 3)
     batches[1]["y"][:2] = -100  # unequal valid counts in equal-shape micro-batches
     params = {"w": jnp.asarray(rng.normal(size=(D_IN, C))), "b": jnp.zeros(C)}
     counts = [float((b["y"] != -100).sum()) for b in batches]
+    tokens = normalize == "tokens"
+
+    def part(p, mb):
+        out = _linear_loss_jax(p, {k: jnp.asarray(v) for k, v in mb.items()})
+        return out.sum / sum(counts) if tokens else out.value / len(batches)
+
+    grads = [jax.grad(part)(params, mb) for mb in batches]
+    loop = grads[0]
+    for g in grads[1:]:
+        loop = jax.tree.map(jnp.add, loop, g)
     spec = AccumulationSpec(steps=3, normalize=normalize)
-    listed = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
-    stacked = {k: jnp.stack([b[k] for b in listed]) for k in ("x", "y")}
-    loop = ja.accumulate_gradients(spec, _linear_loss_jax, params, listed, counts)
-    scan = jax.jit(lambda p, w, c: ja.accumulate_gradients(spec, _linear_loss_jax, p, w, c))(
-        params, stacked, jnp.asarray(counts))
+    scan, _ = jax.jit(lambda p, w: ja.accumulate_gradients(spec, _linear_loss_jax, p, w))(
+        params, _laid_out(batches, counts))
     for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(scan)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-15, rtol=1e-14)
+
+
+@jax.enable_x64(True)
+@pytest.mark.parametrize("normalize", ["tokens", "micro_batches"])
+def test_jax_loop_compiles_once_for_windows_of_every_size(normalize: str) -> None:
+    # one fixed shape: full, short and one-micro-batch windows of unequal rows reuse one compiled loop
+    rng = np.random.default_rng(0)
+    sizes = [[3, 3, 3], [3, 1], [2]]
+    spec = AccumulationSpec(steps=3, normalize=normalize)
+    params = {"w": rng.normal(size=(D_IN, C)), "b": rng.normal(size=C)}
+    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    loop = jax.jit(lambda p, w: ja.accumulate_gradients(spec, _padded_loss_jax, p, w))
+    for rows in sizes:
+        batches = [{"x": rng.normal(size=(n, D_IN)), "y": rng.integers(0, C, size=n)} for n in rows]
+        batches[0]["y"][0] = -100  # unequal valid counts
+        counts = [float((b["y"] != -100).sum()) for b in batches]
+        got, out = loop({k: jnp.asarray(v) for k, v in params.items()}, _laid_out(batches, counts, 3, rows=3))
+        want, want_out = ta.accumulate_gradients(spec, _linear_loss_torch, tparams,
+                                                 [{k: torch.tensor(v) for k, v in b.items()} for b in batches], counts)
+        assert float(out.count) == float(want_out.count)
+        np.testing.assert_allclose(float(out.loss), float(want_out.loss), rtol=1e-14)
+        for k in want:
+            np.testing.assert_allclose(np.asarray(got[k]), want[k].numpy(), atol=1e-15, rtol=1e-13)
+    assert loop._cache_size() == 1
+
+
+def test_jax_window_layout() -> None:
+    # the host layout: micro-batches stacked to `steps` slots and padded to `rows`, zeros elsewhere
+    batches = [{"x": np.ones((2, D_IN)), "y": np.array([1, 2]), "w": np.float64(0.5)},
+               {"x": np.full((1, D_IN), 2.0), "y": np.array([0]), "w": np.float64(0.25)}]
+    laid = stack_window(batches, [2.0, 1.0], 3, np.float32, rows=3)
+    assert laid["x"].shape == (3, 3, D_IN) and laid["y"].dtype == np.array([1]).dtype
+    np.testing.assert_array_equal(laid["mask"], [[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(laid["present"], [True, True, False])
+    np.testing.assert_array_equal(laid["w"], [0.5, 0.25, 0.0])  # rank-0 entries are not padded
+    assert laid["x"][1, 1:].sum() == 0 and laid["x"][2].sum() == 0
+    assert laid["n"] == 2 and laid["divisor"] == 3.0 and laid["divisor"].dtype == np.float32
+    with pytest.raises(InputError, match="a window holds 1 to 1 micro-batches; received 2"):
+        stack_window(batches, None, 1, np.float64)
+    with pytest.raises(InputError, match=r"micro-batch entries \['mask'\] are the window's own"):
+        stack_window([{"x": np.ones((1, 1)), "mask": np.ones(1, bool)}], None, 1, np.float64, rows=1)
+
+
+def test_jax_loop_refuses_a_list_of_micro_batches() -> None:
+    batches = [{"x": jnp.ones((1, D_IN)), "y": jnp.zeros(1, int)}]
+    with pytest.raises(InputError, match="laid out at one fixed shape"):
+        ja.accumulate_gradients(AccumulationSpec(steps=1), _linear_loss_jax, {}, batches)
+    with pytest.raises(InputError, match="the window has 3 micro-batch slots; accumulation.steps = 2"):
+        ja.accumulate_gradients(AccumulationSpec(steps=2), _linear_loss_jax, {}, _laid_out(
+            [{"x": np.ones((1, D_IN)), "y": np.zeros(1, int)}], steps=3))
 
 
 def test_torch_hooks_no_sync_reduce_count_and_scale() -> None:
@@ -167,11 +237,11 @@ def test_torch_hooks_no_sync_reduce_count_and_scale() -> None:
 @jax.enable_x64(True)
 def test_jax_hooks_reduce_count_and_scale() -> None:
     rng = np.random.default_rng(1)
-    batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in _equal_batches(rng, 2)]
+    window = _laid_out(_equal_batches(rng, 2), [3, 3])
     params = {"w": jnp.asarray(rng.normal(size=(D_IN, C))), "b": jnp.zeros(C)}
     spec = AccumulationSpec(steps=2, normalize="tokens")
-    base, _ = ja.accumulate_gradients(spec, _linear_loss_jax, params, batches, [3, 3])
-    grads, out = ja.accumulate_gradients(spec, _linear_loss_jax, params, batches, [3, 3],
+    base, _ = ja.accumulate_gradients(spec, _linear_loss_jax, params, window)
+    grads, out = ja.accumulate_gradients(spec, _linear_loss_jax, params, window,
                                          scale_loss=lambda loss: loss * 4.0, reduce_count=lambda n: n / 2)
     assert float(out.count) == 3.0
     for k in base:
@@ -220,8 +290,7 @@ def test_multisteps_matches_only_full_windows_with_a_float64_accumulator() -> No
     params = {"w": jnp.asarray(rng.normal(size=(D_IN, C))), "b": jnp.asarray(rng.normal(size=C))}
     micro = [jax.grad(lambda p, mb=mb: _linear_loss_jax(p, {k: jnp.asarray(v) for k, v in mb.items()}).value)(params)
              for mb in batches]
-    ours, _ = ja.accumulate_gradients(AccumulationSpec(steps=3), _linear_loss_jax, params,
-                                      [{k: jnp.asarray(v) for k, v in b.items()} for b in batches])
+    ours, _ = ja.accumulate_gradients(AccumulationSpec(steps=3), _linear_loss_jax, params, _laid_out(batches))
 
     def emitted(dtype, feed):
         tx = optax.MultiSteps(optax.sgd(1.0), every_k_schedule=3, accumulator_dtype=dtype)

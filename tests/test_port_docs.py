@@ -54,16 +54,18 @@ def test_the_page_has_every_worked_port() -> None:
 
 def _jax_update_path(config, params: dict, windows: list) -> list[dict]:
     """twinstep's JAX update path on the built-in mlp (= the page's torch model) with cross-entropy."""
-    from ref_jax import _update, optimizers, schedules
+    from ref_jax import _update, optimizers
     from ref_jax import models as jm
     from ref_jax import precision as jp
+    from ref_jax._schedules import build_schedules
+    from ref_jax._window import stack_window
     from ref_jax.losses import compute_loss
 
     model = jm.build_model(config.model, None, dtype="float64")
     apply = jm.functional(model)
     p = {k: jnp.asarray(v) for k, v in params.items()}
     tx = optimizers.build_optimizer(config.optimizer, p)
-    lrs = schedules.build_schedules(config.schedule, group_base_lrs(config.optimizer)).lr
+    lrs = build_schedules(config.schedule, group_base_lrs(config.optimizer)).lr
     specs = _update.UpdateSpecs(config.accumulation, config.clip, config.precision)
     step = jax.jit(_update.make_update_step(specs, tx, lambda q, mb: compute_loss(config.loss, apply(q, mb["x"]),
                                                                                   mb["y"])))
@@ -71,7 +73,8 @@ def _jax_update_path(config, params: dict, windows: list) -> list[dict]:
     out = []
     for t, window in enumerate(windows):
         hyper = [{"lr": jnp.asarray(float(fn(t)))} for fn in lrs]
-        state, _ = step(state, [{"x": jnp.asarray(x), "y": jnp.asarray(y)} for x, y in window], None, hyper)
+        laid = stack_window([{"x": x, "y": y} for x, y in window], None, config.accumulation.steps, np.float64)
+        state, _ = step(state, laid, None, hyper)
         out.append({k: np.asarray(v) for k, v in state.params.items()})
     return out
 

@@ -19,8 +19,8 @@ import torch
 from conformance.config import load_config
 from conformance.config.schedule import SCHEDULE_NAMES
 from conformance.rules.groups import group_base_lrs
-from ref_jax.schedules import build_schedules
-from ref_torch.schedules import PerEpochLR, build_scheduler
+from ref_jax._schedules import build_schedules
+from ref_torch._schedules import PerEpochLR, build_scheduler
 
 # One config per schedule, small enough for every test to sweep them all.
 EXAMPLES: dict[str, dict] = {

@@ -123,7 +123,8 @@ def _jax_window_grads(spec: AccumulationSpec, loss: LossSpec, params: dict, batc
     import jax.numpy as jnp
 
     from conformance.data import Batch, Window
-    from ref_jax._window import WindowLayout, masked_loss, window_grads
+    from ref_jax._window import WindowLayout, masked_loss
+    from ref_jax.accumulation import accumulate_gradients as window_grads
     from ref_jax.accumulation import linear_forward
     from ref_jax.losses import compute_loss
 

@@ -29,6 +29,7 @@ from ref_jax import _update as jupd
 from ref_jax import accumulation as ja
 from ref_jax import losses as jl
 from ref_jax import precision as jp
+from ref_jax._window import stack_window
 from ref_torch import _update as tupd
 from ref_torch import accumulation as ta
 from ref_torch import losses as tl
@@ -54,6 +55,13 @@ def windows(batches: list, steps: int = STEPS) -> list[list]:
 
 def counts_of(window: list[dict]) -> list[float]:
     return [float((mb["y"] != -100).sum()) for mb in window]
+
+
+def jax_window(window: list[dict], counts: list[float] | None = None, dtype=np.float64, **per_batch) -> dict:
+    """A window of NumPy micro-batches laid out for the JAX loop (ref_jax._window.stack_window),
+    each micro-batch with the extra entries `per_batch` (e.g. its loss factor)."""
+    batches = [{"x": np.asarray(mb["x"], dtype), "y": mb["y"], **per_batch} for mb in window]
+    return stack_window(batches, counts, STEPS, dtype)
 
 
 def step_lr(position: int) -> float:
@@ -148,12 +156,12 @@ def run_jax(params0: dict, batches: list, precision: PrecisionSpec, normalize: s
     step = jax.jit(jupd.make_update_step(specs, tx, loss_fn))
     trace = new_trace() if trace is None else trace
     for t, window in enumerate(windows(batches)):
-        factor = jnp.asarray(math.inf if t in poison else 1.0, policy.param_dtype)
-        arrays = [{"x": jnp.asarray(mb["x"], policy.param_dtype), "y": jnp.asarray(mb["y"]), "poison": factor}
-                  for mb in window]
+        dtype = np.dtype(policy.param_dtype)
+        factor = np.asarray(math.inf if t in poison else 1.0, dtype)
+        arrays = jax_window(window, counts_of(window), dtype, poison=factor)
         lr = step_lr(precision.schedule_position(t, int(state.skips.skipped)))
         trace["lr"].append(lr)
-        state, info = step(state, arrays, counts_of(window), {"learning_rate": jnp.asarray(lr, policy.param_dtype)})
+        state, info = step(state, arrays, None, {"learning_rate": jnp.asarray(lr, policy.param_dtype)})
         metrics = jupd.finish_update(specs, state, info, update=t)
         trace["params"].append({k: np.asarray(v, np.float64) for k, v in state.params.items()})
         trace["opt_state"].append(state.opt_state)
@@ -294,8 +302,7 @@ def test_raise_names_the_parameter_whose_gradient_went_bad() -> None:
         tx = optax.adamw(1e-3)
         jparams = {k: jnp.asarray(v) for k, v in params0.items()}
         state = jupd.UpdateState(jparams, tx.init(jparams), jp.init_scale_state(precision), jp.init_skip_state())
-        jbatch = [{"x": jnp.asarray(mb["x"]), "y": jnp.asarray(mb["y"])} for mb in batches]
-        new, info = jax.jit(jupd.make_update_step(specs_j, tx, _bad_bias_grad_loss("jax")))(state, jbatch)
+        new, info = jax.jit(jupd.make_update_step(specs_j, tx, _bad_bias_grad_loss("jax")))(state, jax_window(batches))
         with pytest.raises(NonFiniteError, match=r"^the gradient of 'b' is non-finite at update 0"):
             jupd.finish_update(specs_j, new, info, update=0)
         np.testing.assert_array_equal(np.asarray(new.params["b"]), params0["b"])
@@ -348,8 +355,7 @@ def test_nonfinite_loss_with_finite_gradients_is_skipped() -> None:
         tx = optax.adamw(1e-3)
         jparams = {k: jnp.asarray(v) for k, v in params0.items()}
         state = jupd.UpdateState(jparams, tx.init(jparams), jp.init_scale_state(precision), jp.init_skip_state())
-        new, info = jupd.make_update_step(specs, tx, jloss)(
-            state, [{"x": jnp.asarray(mb["x"]), "y": jnp.asarray(mb["y"])} for mb in batches])
+        new, info = jupd.make_update_step(specs, tx, jloss)(state, jax_window(batches))
         metrics = jupd.finish_update(specs, new, info)
     assert metrics["skipped"] and math.isfinite(metrics["grad_norm"]) and float(new.scale.scale) == 2.0
     np.testing.assert_array_equal(np.asarray(new.params["w"]), params0["w"])

@@ -7,7 +7,8 @@ count (for accumulation.normalize = "tokens") is `count` and its summed loss cou
 returns a `Trace`: the parameters after each update, the lr each parameter was updated with, and
 whether the update was skipped, so any two can be compared update by update (`compare`).
 
-torch and jax are imported inside the functions that need them; call the JAX runners inside
+torch and jax are imported inside the functions that need them (twinstep's backends only through
+their public `update.run_updates`); call the JAX runners inside
 `conformance.harness.backends.Backend("jax").context()` for float64.
 """
 
@@ -70,100 +71,14 @@ def compare(got: Trace, want: Trace, atol: float = 1e-12, rtol: float = 1e-10) -
 # ------------------------------------------------------------------ twinstep's backends
 
 
-def _lr_per_param(lrs: Sequence[float], groups: Any) -> dict[str, float]:
-    return {name: float(lrs[i]) for i, g in enumerate(groups) for name in g.names}
-
-
-def run_torch(config: Config, params: Mapping[str, np.ndarray], windows: list[list[MicroBatch]],
-              position: int = 0, updates_per_epoch: int = 1) -> Trace:
-    """twinstep's torch backend: build_optimizer, build_scheduler(start=position), apply_update."""
-    import torch
-
-    from conformance.rules.groups import resolve_groups
-    from ref_torch import _update, optimizers, schedules
-    from ref_torch import precision as tp
-    from ref_torch.losses import LossOutput
-
-    dt = getattr(torch, config.precision.param_dtype)
-    named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64), dtype=dt)) for k, v in params.items()}
-    groups = resolve_groups(config.optimizer, {k: np.shape(v) for k, v in params.items()})
-    opt = optimizers.build_optimizer(config.optimizer, named.items())
-    sched = schedules.build_scheduler(config.schedule, opt, updates_per_epoch, start=position)
-    scaler, skips = tp.LossScaler(config.precision), tp.init_skip_state()
-    specs = _update.UpdateSpecs(config.accumulation, config.clip, config.precision)
-
-    def loss_fn(p: Any, mb: Any) -> Any:
-        value = sum((mb["g"][k] * p[k]).sum() for k in p) * mb["poison"]
-        return LossOutput(value, value * mb["count"], torch.tensor(mb["count"], dtype=dt))
-
-    out = Trace([], [], [], [])
-    for t, window in enumerate(windows):
-        lrs = _lr_per_param([float(g["lr"]) for g in opt.param_groups], groups)
-        tensors = [{"g": {k: torch.tensor(v, dtype=dt) for k, v in mb["g"].items()}, "count": mb["count"],
-                    "poison": torch.tensor(mb["poison"], dtype=dt)} for mb in window]
-        with tp.numerics_context(config.precision):
-            skips, info = _update.apply_update(specs, named, opt, sched, scaler, skips, loss_fn, tensors,
-                                               [mb["count"] for mb in window], update=t)
-        out.params.append({k: p.detach().double().numpy().copy() for k, p in named.items()})
-        out.lrs.append(lrs)
-        out.skipped.append(bool(info.skipped))
-        out.scales.append(info.loss_scale)
-    return out
-
-
-def run_jax(config: Config, params: Mapping[str, np.ndarray], windows: list[list[MicroBatch]],
-            position: int = 0, updates_per_epoch: int = 1) -> Trace:
-    """twinstep's JAX backend: build_optimizer, build_schedules at position + t, make_update_step."""
-    import jax
-    import jax.numpy as jnp
-
-    from conformance.rules.groups import group_base_lrs, resolve_groups
-    from conformance.rules.schedules import cycled_hyperparameter
-    from ref_jax import _update, optimizers, schedules
-    from ref_jax import precision as jp
-    from ref_jax.backend import framework_dtype
-    from ref_jax.losses import LossOutput
-
-    dt = framework_dtype(config.precision.param_dtype)
-    p = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
-    groups = resolve_groups(config.optimizer, {k: np.shape(v) for k, v in params.items()})
-    tx = optimizers.build_optimizer(config.optimizer, p)
-    built = schedules.build_schedules(config.schedule, group_base_lrs(config.optimizer), updates_per_epoch)
-    cycled = cycled_hyperparameter(config.schedule, config.optimizer)
-    prec = config.precision
-    specs = _update.UpdateSpecs(config.accumulation, config.clip, prec)
-
-    def loss_fn(q: Any, mb: Any) -> Any:
-        value = sum(jnp.sum(mb["g"][k] * q[k]) for k in q) * mb["poison"]
-        return LossOutput(value, value * mb["count"], jnp.asarray(mb["count"], dt))
-
-    step = jax.jit(_update.make_update_step(specs, tx, loss_fn))
-    state = _update.UpdateState(p, tx.init(p), jp.init_scale_state(prec), jp.init_skip_state())
-    out = Trace([], [], [], [])
-    for t, window in enumerate(windows):
-        at = position + prec.schedule_position(t, int(state.skips.skipped))
-        lrs = [float(fn(at)) for fn in built.lr]
-        hyper: list[dict[str, Any]] = [{"lr": jnp.asarray(lr, dt)} for lr in lrs]
-        for g, fn in enumerate(built.momentum or ()):
-            m = jnp.asarray(float(fn(at)), dt)
-            hyper[g]["momentum" if cycled == "momentum" else "betas"] = m if cycled == "momentum" else (
-                m, state.opt_state.hyperparams[g]["betas"][1])
-        arrays = [{"g": {k: jnp.asarray(v, dt) for k, v in mb["g"].items()}, "count": mb["count"],
-                   "poison": jnp.asarray(mb["poison"], dt)} for mb in window]
-        state, info = step(state, arrays, [mb["count"] for mb in window], hyper)
-        metrics = _update.finish_update(specs, state, info, update=t)
-        out.params.append({k: np.asarray(v, np.float64) for k, v in state.params.items()})
-        out.lrs.append(_lr_per_param(lrs, groups))
-        out.skipped.append(bool(metrics["skipped"]))
-        out.scales.append(metrics["loss_scale"])
-    return out
-
-
 def run_backend(framework: str, config: Config, params: Mapping[str, np.ndarray],
                 windows: list[list[MicroBatch]], position: int = 0, updates_per_epoch: int = 1) -> Trace:
-    """run_torch or run_jax by name."""
-    runner = {"torch": run_torch, "jax": run_jax}[framework]
-    return runner(config, params, windows, position, updates_per_epoch)
+    """twinstep's `framework` backend ("torch" | "jax") over the stream: its public
+    update.run_updates (the trainer's optimizer, schedule from `position` and update path)."""
+    from conformance.harness.backends import Backend
+
+    out = Backend(framework).function("update", "run_updates")(config, params, windows, position, updates_per_epoch)
+    return Trace(out["params"], out["lrs"], out["skipped"], out["scales"])
 
 
 # ------------------------------------------------------------------ generated snippets

@@ -28,16 +28,16 @@ NADAM_SCHEDULE_OFF = 1e9  # 0.96 ** (t * 1e9) underflows to 0: torch's mu_t is e
 def _class_for(name: str, groups: list[dict[str, Any]]) -> tuple[str, list[str]]:
     """(class expression, source texts it needs) for the groups of one optimizer."""
     if name == "lion":
-        return "Lion", [parts.BASE, parts.LION]
+        return "Lion", [parts.source("PerParameter"), parts.source("Lion")]
     if name in ("adam", "adamw") and any(g["eps_root"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
                                          for g in groups):
-        return "AdamOptax", [parts.BASE, parts.ADAM]
+        return "AdamOptax", [parts.source("PerParameter"), parts.source("AdamOptax")]
     if name == "rmsprop" and any(g["eps_in_sqrt"] for g in groups):
-        return "RMSpropEpsInSqrt", [parts.BASE, parts.RMSPROP]
+        return "RMSpropEpsInSqrt", [parts.source("PerParameter"), parts.source("RMSpropEpsInSqrt")]
     if name == "adagrad" and any(g["eps_in_sqrt"] for g in groups):
-        return "AdagradEpsInSqrt", [parts.BASE, parts.ADAGRAD]
+        return "AdagradEpsInSqrt", [parts.source("PerParameter"), parts.source("AdagradEpsInSqrt")]
     if name == "muon" and any(g["ns_dtype"] != "bfloat16" for g in groups):
-        return "FloatMuon", [parts.FLOAT_MUON]
+        return "FloatMuon", [parts.source("FloatMuon")]
     return CLASSES[name], []
 
 
@@ -95,7 +95,7 @@ def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -
             raise UnsupportedError(f"to_code: muon with a {fb} fallback is not written out; use adamw, adam or sgd")
         muon_cls = classes["muon"]
         body.append(f"    optimizer = MuonWithFallback(param_groups(named_parameters), {classes[fb]}, {muon_cls})")
-        extra.append(parts.MUON_FALLBACK)
+        extra.append(parts.source("MuonWithFallback"))
         if muon_cls == "FloatMuon":
             body.insert(0, f"NS_DTYPE = torch.{config.optimizer.ns_dtype}\n\n")
         return body + ["    return optimizer"]
@@ -110,7 +110,7 @@ def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -
     else:
         body.append(f"    optimizer = {cls}(param_groups(named_parameters))")
     if cls == "torch.optim.NAdam":
-        extra.append(parts.NADAM_HOOK)
+        extra.append(parts.source("float64_mu_product"))
         body.append("    optimizer.register_step_pre_hook(float64_mu_product)")
     return body + ["    return optimizer"]
 

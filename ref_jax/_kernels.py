@@ -1,4 +1,8 @@
-"""Shared pieces of ref_jax's per-parameter optimizer math (torch's kernels, jnp)."""
+"""The building blocks of ref_jax's per-parameter optimizer math (_elementwise, _matrix): torch's
+kernel conventions written with jnp. `coef` casts a scalar to the tensor's dtype, `lerp` is torch's
+two-formula lerp, `prepare` picks the working dtype (float32 for half-precision parameters) and
+applies maximize, `decay` is L2 or decoupled weight decay, `float_count` an update count as a float
+of the hyper-parameters' dtype, `zeros` / `cast_like` make and round states."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 
-def c(x: Any, like: Any) -> Any:
+def coef(x: Any, like: Any) -> Any:
     # a scalar coefficient in the array's dtype (torch casts Python scalars to the tensor dtype)
     return jnp.asarray(x).astype(like.dtype)
 
@@ -20,7 +24,7 @@ def lerp(start: Any, end: Any, w: Any) -> Any:
     w = jnp.asarray(w)
     small = jnp.abs(w) < 0.5
     diff = end - start
-    return jnp.where(small, start, end) + c(jnp.where(small, w, w - 1), start) * diff
+    return jnp.where(small, start, end) + coef(jnp.where(small, w, w - 1), start) * diff
 
 
 def prepare(g: Any, p: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any]:
@@ -31,11 +35,11 @@ def prepare(g: Any, p: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 
 def decay(g: Any, p: Any, hp: Mapping[str, Any], decoupled: bool) -> tuple[Any, Any]:
     if decoupled:
-        return g, p * c(1 - hp["lr"] * hp["weight_decay"], p)
-    return g + c(hp["weight_decay"], p) * p, p
+        return g, p * coef(1 - hp["lr"] * hp["weight_decay"], p)
+    return g + coef(hp["weight_decay"], p) * p, p
 
 
-def f(step: Any, hp: Mapping[str, Any]) -> Any:
+def float_count(step: Any, hp: Mapping[str, Any]) -> Any:
     return step.astype(hp["lr"].dtype)  # update counts as floats of the hyper-parameter dtype
 
 
@@ -43,5 +47,5 @@ def zeros(p: Any) -> Any:
     return jnp.zeros(p.shape, p.dtype)
 
 
-def cast(s: Any, like: Any) -> Any:
+def cast_like(s: Any, like: Any) -> Any:
     return jax.tree.map(lambda new, old: new.astype(old.dtype), s, like)
