@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resume_support import differences
+from support.resume import differences
 
 from conformance import checkpoint as ck
 from conformance.config import load_config

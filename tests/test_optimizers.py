@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_optimizers_support import BACKENDS, random_spec, run_all, spec_of, worst
+from support.optimizers import BACKENDS, random_spec, run_all, spec_of, worst
 
 from conformance.config import load_config
 from conformance.config.optimizer import DEFAULTS, OPTIMIZER_NAMES, OptimizerSpec

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_support import differences, write_config
 from support.faults import fault_args
+from support.resume import differences, write_config
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
