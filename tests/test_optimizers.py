@@ -199,6 +199,25 @@ def test_each_optimizer_agrees_over_20_updates(name: str) -> None:
     assert worst(out["torch"], out["oracle"]) <= 1e-12 and worst(out["jax"], out["oracle"]) <= 1e-12
 
 
+def test_worst_refuses_trajectories_that_do_not_line_up() -> None:
+    """The error measure's negative control: a trajectory cut short (or one update longer), a missing
+    or extra parameter and a missing state entry are infinitely wrong, not compared over the overlap."""
+    spec = spec_of({"name": "adam", "lr": 0.05})
+    rng = np.random.default_rng(7)
+    params = {"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
+    grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(5)]
+    want = run_all(spec, params, grads, "float64", backends=("oracle",))["oracle"]
+    assert worst(want, want) == 0.0
+    short = {"params": want["params"][:-1], "state": want["state"][:-1]}
+    longer = {"params": [*want["params"], want["params"][-1]], "state": [*want["state"], want["state"][-1]]}
+    for got in (short, longer):
+        assert worst(got, want) == np.inf and worst(got, want, states=False) == np.inf
+    assert worst({**want, "state": want["state"][:-1]}, want) == np.inf  # the parameters alone line up
+    assert worst({**want, "params": [{**p, "extra": p["w"]} for p in want["params"]]}, want) == np.inf
+    assert worst({**want, "params": [{"w": p["w"]} for p in want["params"]]}, want) == np.inf
+    assert worst({**want, "state": [{k: {} for k in s} for s in want["state"]]}, want) == np.inf
+
+
 # Measured max |torch - jax| / max |p| over 20 updates in float32 (tests/optimizer_support.py data),
 # 2.9e-7 at worst (lion, sgd, muon); pinned at 1e-6: more means one side changed its arithmetic.
 FLOAT32_DRIFT = 1e-6
