@@ -3,7 +3,6 @@ and by the full-batch property."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from conformance.config.accumulation import AccumulationSpec
 from conformance.config.loss import LossSpec
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, PatchedBackend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import accumulation as oracle
@@ -20,16 +19,9 @@ from conformance.oracle import accumulation as oracle
 CASES = {c.id: c for c in load_cases(only=["accumulate/*"])}
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutant(Backend):
+def mutant(name: str, fn: Callable[..., Any]) -> PatchedBackend:
     """The oracle with accumulation.window_gradients replaced by a wrong variant."""
-
-    fn: Callable[..., Any] | None = None
-
-    def function(self, module: str, name: str) -> Callable[..., Any]:
-        if (module, name) == ("accumulation", "window_gradients"):
-            return self.fn
-        return super().function(module, name)
+    return PatchedBackend("oracle", patches=(("accumulation", "window_gradients", fn),), label=name)
 
 
 def _scale(out: dict, factors: list[float]) -> dict:
@@ -78,7 +70,7 @@ def test_wrong_accumulation_is_caught_by_cases(name: str) -> None:
     fn, must_fail = MUTANTS[name]
     for case_id in must_fail:
         assert run_case(CASES[case_id], Backend("oracle")).passed, f"{case_id} must pass on the real oracle"
-        assert not run_case(CASES[case_id], Mutant("oracle", fn)).passed, f"mutant {name} passed {case_id}"
+        assert not run_case(CASES[case_id], mutant(name, fn)).passed, f"mutant {name} passed {case_id}"
 
 
 def test_mean_of_means_differs_from_the_full_batch_by_the_closed_form() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from conformance.config.clip import ClipSpec
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, PatchedBackend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import clipping as oracle
@@ -18,18 +17,9 @@ from conformance.oracle import clipping as oracle
 CASES = {c.id: c for c in load_cases(only=["clip/*"])}
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutant(Backend):
-    """The oracle with one function replaced by a wrong variant."""
-
-    replace: dict[tuple[str, str], Callable[..., Any]] = dataclasses.field(default_factory=dict)
-
-    def function(self, module: str, name: str) -> Callable[..., Any]:
-        return self.replace.get((module, name)) or super().function(module, name)
-
-
-def _mutant(fn: Callable[..., Any]) -> Mutant:
-    return Mutant("oracle", {("clipping", "clip_and_norm"): fn})
+def mutant(name: str, fn: Callable[..., Any]) -> PatchedBackend:
+    """The oracle with clipping.clip_and_norm replaced by a wrong variant."""
+    return PatchedBackend("oracle", patches=(("clipping", "clip_and_norm", fn),), label=name)
 
 
 def no_eps(spec: ClipSpec, grads: dict, dtype: str = "float64") -> dict:
@@ -80,5 +70,5 @@ def test_wrong_clipper_is_caught(name: str) -> None:
     for case_id in must_fail:
         case = CASES[case_id]
         assert run_case(case, Backend("oracle")).passed, f"{case_id} must pass on the real oracle"
-        result = run_case(case, _mutant(fn))
+        result = run_case(case, mutant(name, fn))
         assert not result.passed, f"mutant {name} passed {case_id}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_port_support import (
+from support.port import (
     SHAPES,
     float64_default,
     initial,

@@ -3,7 +3,6 @@ loss_scale cases and the update-path checks must catch."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from test_update_path import F64, assert_trace_close, make_data, run_torch, seed
 
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, PatchedBackend
 from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import precision as oracle
@@ -28,14 +27,9 @@ from ref_torch import precision as tp
 CASES = {c.id: c for c in load_cases(only=["loss_scale/*"])}
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutant(Backend):
+def mutant(name: str, fn: Callable[..., Any]) -> PatchedBackend:
     """The oracle with precision.loss_scale_trace replaced by a wrong variant."""
-
-    fn: Callable[..., Any] | None = None
-
-    def function(self, module: str, name: str) -> Callable[..., Any]:
-        return self.fn if (module, name) == ("precision", "loss_scale_trace") else super().function(module, name)
+    return PatchedBackend("oracle", patches=(("precision", "loss_scale_trace", fn),), label=name)
 
 
 def jmp_like(spec: PrecisionSpec, finite: list[bool], dtype: str = "float64") -> dict:
@@ -82,7 +76,7 @@ def test_wrong_loss_scaler_is_caught_by_cases(name: str) -> None:
     fn, must_fail = MUTANTS[name]
     for case_id in must_fail:
         assert run_case(CASES[case_id], Backend("oracle")).passed, f"{case_id} must pass on the real oracle"
-        assert not run_case(CASES[case_id], Mutant("oracle", fn)).passed, f"mutant {name} passed {case_id}"
+        assert not run_case(CASES[case_id], mutant(name, fn)).passed, f"mutant {name} passed {case_id}"
 
 
 class ClipFirstScaler(tp.LossScaler):
@@ -164,5 +158,5 @@ def test_float32_factor_arithmetic_is_caught_by_the_inexact_factor_case() -> Non
         return out
 
     case = CASES["loss_scale/inexact-factors"]
-    assert not run_case(case, Mutant("oracle", float32_factors)).passed
+    assert not run_case(case, mutant("float32 factors", float32_factors)).passed
     assert run_case(case, Backend("jax")).passed

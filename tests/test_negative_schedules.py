@@ -8,7 +8,6 @@ asserts that the case FAILS, while the same case passes on the unmodified backen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
@@ -17,24 +16,22 @@ import optax
 import pytest
 
 import ref_jax._schedules as jax_schedules
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, PatchedBackend
 from conformance.harness.case import CASES_DIR, load_case, parse_case
 from conformance.harness.runner import run_case
 
 CASES = CASES_DIR / "schedule"
 
 
-@dataclass(frozen=True)
-class Mutant(Backend):
-    """A backend whose schedule_values is wrapped by `mutate(real_fn, schedule, optimizer, steps, upe)`."""
+def mutant(name: str, mutate: Callable[..., dict]) -> PatchedBackend:
+    """Backend `name` whose schedule_values is wrapped by `mutate(real_fn, schedule, optimizer, steps, upe)`."""
+    real = Backend(name).function("schedules", "schedule_values")
 
-    mutate: Callable[..., dict] | None = None
+    def schedule_values(schedule: Any, optimizer: Any, steps: int, upe: int = 1) -> dict:
+        return mutate(real, schedule, optimizer, steps, upe)
 
-    def function(self, module: str, name: str) -> Callable[..., Any]:
-        fn = super().function(module, name)
-        if (module, name) != ("schedules", "schedule_values") or self.mutate is None:
-            return fn
-        return lambda schedule, optimizer, steps, upe=1: self.mutate(fn, schedule, optimizer, steps, upe)
+    label = getattr(mutate, "__name__", "mutant")
+    return PatchedBackend(name, patches=(("schedules", "schedule_values", schedule_values),), label=label)
 
 
 def case(path: str):
@@ -79,19 +76,22 @@ def peak_one_update_early(fn, schedule, optimizer, steps, upe):
     return fn(spec, optimizer, steps, upe)
 
 
-@pytest.mark.parametrize("name", ["torch", "jax"])
-@pytest.mark.parametrize(("path", "mutate"), [
-    ("generated/warmup-cosine-torch.toml", per_micro_batch(4)),
-    ("generated/step-default-gamma.toml", per_micro_batch(2)),
-    ("generated/warmup-cosine-optax.toml", off_by_one),
-    ("seed-001-steplr.toml", off_by_one),
-    ("generated/step-two-groups.toml", default_lr_for_all),
-    ("generated/step-per-epoch.toml", epoch_unit_ignored),
-    ("seed-000-warmup-cosine-from-zero.toml", peak_one_update_early),
-], ids=["per-micro-batch-warmup", "per-micro-batch-step", "off-by-one-warmup", "off-by-one-seed",
-        "groups-ignored", "epoch-unit-ignored", "peak-one-early"])
+COUNTING_MISTAKES = [  # (id, case, mistake)
+    ("per-micro-batch-warmup", "generated/warmup-cosine-torch.toml", per_micro_batch(4)),
+    ("per-micro-batch-step", "generated/step-default-gamma.toml", per_micro_batch(2)),
+    ("off-by-one-warmup", "generated/warmup-cosine-optax.toml", off_by_one),
+    ("off-by-one-seed", "seed-001-steplr.toml", off_by_one),
+    ("groups-ignored", "generated/step-two-groups.toml", default_lr_for_all),
+    ("epoch-unit-ignored", "generated/step-per-epoch.toml", epoch_unit_ignored),
+    ("peak-one-early", "seed-000-warmup-cosine-from-zero.toml", peak_one_update_early),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "mutate"), [
+    pytest.param(name, path, mutate, id=f"{mistake}[{name}]")
+    for mistake, path, mutate in COUNTING_MISTAKES for name in ("torch", "jax")])
 def test_wrong_counting_is_caught(name: str, path: str, mutate) -> None:
-    assert caught(case(path), Mutant(name, mutate))
+    assert caught(case(path), mutant(name, mutate))
 
 
 def test_uncast_int32_count_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +153,7 @@ def test_momentum_not_cycled_is_caught() -> None:
         out = fn(schedule, optimizer, steps, upe)
         return {**out, "momentum": np.full_like(out["momentum"], schedule.max_momentum)}
 
-    assert caught(case("generated/onecycle-defaults-sgd.toml"), Mutant("torch", fixed_momentum))
+    assert caught(case("generated/onecycle-defaults-sgd.toml"), mutant("torch", fixed_momentum))
 
 
 def test_seed_cosine_misprint_is_caught(tmp_path) -> None:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from test_optimizers_support import spec_of
+from support.optimizers import spec_of
 
 from conformance.config.optimizer import OPTIMIZER_NAMES
 from conformance.errors import InputError

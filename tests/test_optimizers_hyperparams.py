@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_optimizers_support import spec_of
+from support.optimizers import spec_of
 
 from conformance.errors import ConfigError
 from conformance.oracle import optimizers as oracle

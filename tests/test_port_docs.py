@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from test_port_support import float64_default
+from support.port import float64_default
 
 from conformance import tomlio
 from conformance.cli import main

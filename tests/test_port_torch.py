@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_port_support import (
+from support.port import (
     OPTIMIZERS,
     SCHEDULERS,
     config_of,

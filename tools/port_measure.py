@@ -15,10 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_port_code import OPTIMIZERS as CODE_OPTIMIZERS  # noqa: E402
-from test_port_code import PATHS, SCHEDULES, _config, _values  # noqa: E402
-from test_port_optax import DESCRIPTIONS, SHAPES  # noqa: E402
-from test_port_support import (  # noqa: E402
+from support.port import (  # noqa: E402
     OPTIMIZERS,
     SCHEDULERS,
     config_of,
@@ -26,6 +23,9 @@ from test_port_support import (  # noqa: E402
     native_run,
     on_backends,
 )
+from test_port_code import OPTIMIZERS as CODE_OPTIMIZERS  # noqa: E402
+from test_port_code import PATHS, SCHEDULES, _config, _values  # noqa: E402
+from test_port_optax import DESCRIPTIONS, SHAPES  # noqa: E402
 
 from conformance.config import load_config  # noqa: E402
 from conformance.harness.backends import Backend  # noqa: E402

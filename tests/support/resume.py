@@ -1,5 +1,5 @@
-"""What the torch and JAX exact-resume tests share (tests/test_resume_kill.py,
-tests/test_resume_kill_jax.py): the run's config and the bit-for-bit comparison of two runs."""
+"""What the exact-resume tests share (tests/test_resume_kill.py, tests/test_data_parallel.py): the
+run's config and the bit-for-bit comparison of two runs."""
 
 from __future__ import annotations
 

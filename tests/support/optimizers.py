@@ -40,11 +40,18 @@ def _rel(a: Any, b: Any) -> float:
 
 def worst(got: dict, want: dict, states: bool = True) -> float:
     """Largest normwise relative error max|got − want| / max|want| over every update, parameter and
-    (with states) state array; a missing or extra state entry is infinitely wrong."""
+    (with states) state array; a trajectory of another length (a missing or extra update) and a
+    missing or extra parameter or state entry are infinitely wrong."""
     err = 0.0
+    if len(got["params"]) != len(want["params"]):
+        return float("inf")
     for g, w in zip(got["params"], want["params"]):
+        if set(g) != set(w):
+            return float("inf")
         err = max(err, *(_rel(g[k], w[k]) for k in w))
     if states:
+        if len(got["state"]) != len(want["state"]):
+            return float("inf")
         for g, w in zip(got["state"], want["state"]):
             if set(g) != set(w) or any(set(g[k]) != set(w[k]) for k in w):
                 return float("inf")
