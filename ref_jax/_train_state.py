@@ -4,7 +4,7 @@ A checkpoint written here is the one conformance.checkpoint defines for both tra
 by neutral name in their own dtype, the optimizer state under docs/contract.md §4's names
 (ref_jax.optimizers.export_state), the loss scale as scale_state_to_dict, counters and data
 position in the meta, and the JAX root key with the host generators under "rank0/"
-(conformance.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
+(conformance.checkpoint.rng.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
 trainer resumes here and back: what one framework does not know (torch's generator states, a
 JAX key) the other ignores; the dropout key is a pure function of run.seed and the update.
 """
@@ -60,7 +60,7 @@ class Parts(NamedTuple):
 
 
 def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: int, planned: int) -> Parts:
-    """Model (conformance.models.init_params(model, data, run.seed): torch's initial weights),
+    """Model (conformance.rules.models.init_params(model, data, run.seed): torch's initial weights),
     optimizer, schedules and window layout of a config."""
     policy = get_policy(config.precision)
     model = build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype)
@@ -95,14 +95,8 @@ def _expected(params: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
     return {n: (tuple(p.shape), jnp.dtype(p.dtype).name) for n, p in params.items()}
 
 
-# The pieces a restore puts back; the resume tests leave each out in turn (negative controls only).
-PIECES: tuple[str, ...] = ("model", "optimizer", "loss_scale", "schedule", "rng")
-
-
-def initial_state(parts: Parts, run: Run, place: Placement,
-                  skip: frozenset[str] = frozenset()) -> tuple[TrainState, Any]:
-    """(TrainState, root key): fresh, or the checkpoint `run` resumes from (either trainer's).
-    `skip` names PIECES to leave out (negative controls only)."""
+def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState, Any]:
+    """(TrainState, root key): fresh, or the checkpoint `run` resumes from (either trainer's)."""
     config = run.config
     key = jax.random.key(config.run.seed)
     params = parts.params
@@ -113,13 +107,11 @@ def initial_state(parts: Parts, run: Run, place: Placement,
     if found is not None:
         saved = found.state
         check_tensors(_expected(params), saved.model)
-        if "model" not in skip:
-            params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
+        params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
         meta = saved.meta or {}
-        if "optimizer" not in skip:
-            opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
-                                                             "state": saved.optimizer or {}})
-        if config.precision.dynamic_scaling and "loss_scale" not in skip:
+        opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
+                                                         "state": saved.optimizer or {}})
+        if config.precision.dynamic_scaling:
             if not isinstance(meta.get("loss_scale"), dict):
                 raise CheckpointError(f"{found.path}: state.json has no loss_scale, but this run scales the loss "
                                       f"dynamically")
@@ -127,10 +119,10 @@ def initial_state(parts: Parts, run: Run, place: Placement,
         c = run.counters
         skips = SkipState(jnp.asarray(c.skipped_total, jnp.int32), jnp.asarray(c.consecutive_skips, jnp.int32))
         mine = unpack_rank_rng(saved.rng or {}, meta.get("rng") or {}, 0)
-        restored = restore_rng(*mine) if mine is not None and "rng" not in skip else None
+        restored = restore_rng(*mine) if mine is not None else None
         if restored is not None:
             key = restored  # a torch checkpoint holds no JAX key: the seed's key is the same one
-    position = 0 if "schedule" in skip else run.counters.schedule_t
+    position = run.counters.schedule_t
     state = TrainState(UpdateState(params, opt_state, scale, skips), jnp.asarray(position, jnp.int32))
     return place.put_replicated(state), place.put_replicated(key)
 

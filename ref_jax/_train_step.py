@@ -112,7 +112,7 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
         def injected(p: Any, mb: Any) -> LossOutput:
             out = loss_fn(p, mb)
             # [run] inject_nonfinite: every micro-batch loss of the update × +inf before the backward
-            # pass (conformance.run.injected), so loss and gradients are non-finite as in an overflow
+            # pass (conformance.run.batches.injected), so loss and gradients are non-finite as in an overflow
             factor = jnp.where(mb["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
             return LossOutput(out.value * factor, out.sum * factor, out.count)
 

@@ -11,8 +11,8 @@ for a tx built with optax.inject_hyperparams a mapping ({"learning_rate": ...}).
 are arrays inside jit, so a new value never recompiles, and a skipped update holds or advances the
 schedule exactly as the torch trainer's scheduler.step() does (the caller picks the position).
 
-`window_grads` replaces accumulate_gradients when the caller lays the window out itself (the JAX
-trainer pads windows to one fixed shape with masks: ref_jax._window).
+The window's gradients come from ref_jax.accumulation.accumulate_gradients, the one accumulation
+loop (over a window laid out at a fixed shape with masks: ref_jax._window).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class WindowLayout(NamedTuple):
 
     def pad(self, window: Window, counts: list[float], inject: bool = False) -> dict[str, np.ndarray]:
         """The window's arrays at the fixed shape: x, y, mask, inject (per micro-batch), present, n,
-        divisor. `counts`: each micro-batch's valid-element count (conformance.run.window_counts),
+        divisor. `counts`: each micro-batch's valid-element count (conformance.run.batches.window_counts),
         known before the forward pass; `inject`: [run] inject_nonfinite lists this update."""
         flag = np.asarray(bool(inject))
         batches = [{"x": np.asarray(b.x, self.x_dtype), "y": np.asarray(b.y, self.y_dtype), "inject": flag}

@@ -1,7 +1,7 @@
 """The built-in models as framework modules (torch.nn; Flax NNX): linear, mlp (the seeds'
 classifier) and gpt (nanoGPT).
 
-Parameter names, layouts and initial values are the framework-neutral ones of conformance.models
+Parameter names, layouts and initial values are the framework-neutral ones of conformance.rules.models
 (docs/models.md): weights are stored [out, in] as torch's (y = x @ W.T + b), so a parameter dict
 moves between the frameworks unchanged, and every LayerNorm uses LN_EPS. `build_model` loads the
 NumPy initial parameters (torch: into a module made on the meta device, so torch's own init never
@@ -22,7 +22,7 @@ from flax import nnx
 from conformance.config.model import ModelSpec
 from conformance.data.datasets import DataInfo
 from conformance.errors import UnsupportedError
-from conformance.models import (
+from conformance.rules.models import (
     LN_EPS,
     check_model_input,
     dims_from_params,
@@ -252,7 +252,7 @@ def _load(model: nnx.Module, params: dict[str, Any], dt: Any) -> None:
 
 def build_model(spec: ModelSpec, info: DataInfo | None, seed: int = 0, dtype: str = "float32",
                 device: Any = None) -> Any:
-    """The model `spec` describes, with conformance.models.init_params(spec, info, seed) cast to
+    """The model `spec` describes, with conformance.rules.models.init_params(spec, info, seed) cast to
     `dtype`, on `device` (default: the CPU), in training mode."""
     dt = _check_dtype(dtype)
     model = _make(spec, info, dt)

@@ -27,9 +27,6 @@ from ref_torch.checkpoint import load_model_state, model_state, restore_rng
 from ref_torch.optimizers import export_state, import_state
 from ref_torch.precision import LossScaler, SkipState
 
-# The pieces a restore puts back; tests/test_resume_kill.py leaves each out in turn (negative controls).
-PIECES: tuple[str, ...] = ("model", "optimizer", "loss_scale", "rng")
-
 
 class Objects(NamedTuple):
     """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer
@@ -76,28 +73,25 @@ def _versions() -> dict[str, Any]:
     return {"torch": info["torch"], "cuda": str(info["cuda"])}
 
 
-def restore(checkpoint: Checkpoint, objs: Objects, rank: int, skip: frozenset[str] = frozenset()) -> SkipState:
+def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     """Put a checkpoint's state into the objects (RNG last: nothing may draw after it). Returns the
-    skip counters. `skip` names PIECES to leave out (negative controls only)."""
+    skip counters."""
     state, meta = checkpoint.state, checkpoint.state.meta or {}
     where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
-    if "model" not in skip:
-        (_fsdp.load_model_state if sharded else load_model_state)(objs.model, state.model)
-    if "optimizer" not in skip:
-        neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
-        (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
-    if "loss_scale" not in skip and objs.scaler.enabled:
+    (_fsdp.load_model_state if sharded else load_model_state)(objs.model, state.model)
+    neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
+    (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
+    if objs.scaler.enabled:
         saved = meta.get("loss_scale")
         if not isinstance(saved, dict):
             raise CheckpointError(f"{where}: state.json has no loss_scale, but this run scales the loss dynamically")
         objs.scaler.load_state_dict(saved)
     counters = meta.get("counters", {})
     skips = SkipState(int(counters.get("skipped_total", 0)), int(counters.get("consecutive_skips", 0)))
-    if "rng" not in skip:
-        mine = unpack_rank_rng(state.rng or {}, meta.get("rng") or {}, rank)
-        if mine is not None:
-            restore_rng(*mine)
+    mine = unpack_rank_rng(state.rng or {}, meta.get("rng") or {}, rank)
+    if mine is not None:
+        restore_rng(*mine)
     return skips
 
 

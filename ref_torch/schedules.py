@@ -31,7 +31,7 @@ def schedule_values(
     """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) float64 array, "momentum":
     (steps, groups) array of the cycled momentum or beta1, or None, "momentum_name": "momentum" |
     "beta1" | None}. `optimizer` is the OptimizerSpec: it gives each group's base lr, in the order
-    of conformance.config.schedule.group_base_lrs, and which hyperparameter onecycle cycles."""
+    of conformance.rules.groups.group_base_lrs, and which hyperparameter onecycle cycles."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
     base = group_base_lrs(optimizer)
     name = cycled_hyperparameter(schedule, optimizer)

@@ -31,7 +31,7 @@ Contract shared by every backend's `train` (same signature and docstring):
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
   torchrun), else 0 and 1 (the JAX trainer runs as rank 0 of 1, else UnsupportedError).
   `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
-- `events(name, info)`: called at the run's named moments (conformance.run.events: micro-batches
+- `events(name, info)`: called at the run's named moments (conformance.events: micro-batches
   or dispatched windows, checkpoint stages); None = nobody watches.
 - `[run] inject_nonfinite = [t, ...]`: every micro-batch loss (value and sum) of each listed
   update is multiplied by +inf before the backward pass (conformance.run.batches.injected), so the
@@ -59,7 +59,7 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
-from conformance.run.events import Events, notify
+from conformance.events import Events, notify
 from conformance.run.records import (
     EvalTotals,
     checkpoint_due,

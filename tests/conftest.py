@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, settings
 
 from conformance.harness.backends import Backend
 
+pytest_plugins = ["support.trainers"]  # the `trainer` and `one_thread` fixtures
+
 # Profiles: "ci" keeps the whole suite fast on 2 cores; "dev" digs deeper; "long" for nightly runs.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

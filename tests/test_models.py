@@ -15,8 +15,13 @@ from conformance.config.model import ModelSpec
 from conformance.data import DataPipeline
 from conformance.errors import InputError, UnsupportedError
 from conformance.harness.backends import Backend
-from conformance.models import flops_per_token, init_params, param_count, param_shapes
 from conformance.oracle import models as oracle
+from conformance.rules.models import (
+    flops_per_token,
+    init_params,
+    param_count,
+    param_shapes,
+)
 from ref_jax import models as jm
 from ref_jax.backend import context as jax_context
 from ref_torch import models as tm

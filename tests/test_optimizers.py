@@ -218,7 +218,7 @@ def test_worst_refuses_trajectories_that_do_not_line_up() -> None:
     assert worst({**want, "state": [{k: {} for k in s} for s in want["state"]]}, want) == np.inf
 
 
-# Measured max |torch - jax| / max |p| over 20 updates in float32 (tests/optimizer_support.py data),
+# Measured max |torch - jax| / max |p| over 20 updates in float32 (tests/support/optimizers.py data),
 # 2.9e-7 at worst (lion, sgd, muon); pinned at 1e-6: more means one side changed its arithmetic.
 FLOAT32_DRIFT = 1e-6
 

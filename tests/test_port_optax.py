@@ -1,6 +1,6 @@
 """from_optax: an optax-flavoured description as the neutral spec, keeping optax's semantics. The
 reference is optax itself: the same description is built into optax's own transforms and schedules
-(conformance.port.verify.traces.build_optax, float64 counts) and run on the same gradient stream; twinstep's
+(conformance.port.verify.native.build_optax, float64 counts) and run on the same gradient stream; twinstep's
 torch and JAX backends must follow it at every update (1e-12 abs, 1e-10 rel)."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from conformance.checkpoint.files import save_tensors
 from conformance.config.model import ModelSpec
 from conformance.errors import InputError
 from conformance.harness.backends import Backend
-from conformance.models import param_shapes
 from conformance.port.read.weights import import_weights
+from conformance.rules.models import param_shapes
 from ref_torch import checkpoint as tck
 from ref_torch import models as tmodels
 

@@ -35,10 +35,12 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 from support.faults import fault_args
 from support.resume import differences, write_config
@@ -273,30 +275,32 @@ def _reached(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
     return counted
 
 
-def plant_forgetting(s: Side, piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[int]) -> None:
-    """Make the resume forget `piece` of the state (negative controls only)."""
-    if piece == "data":  # the data position: update t reads the window of t - CUT, as a fresh run would
+def _forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
+    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
+    state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
+    if piece == "model":  # weights never restored: any other values than the saved ones
+        state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
+    elif piece == "optimizer":  # a fresh optimizer: no per-parameter state, step 0
+        state, meta = state._replace(optimizer={}), {**meta, "optimizer_step": 0}
+    elif piece == "loss_scale":  # the scale and growth tracker back at their initial values
+        init = load_config(tomllib.loads(state.config)).precision.init_scale
+        meta["loss_scale"] = {**meta["loss_scale"], "scale": init, "growth_tracker": 0}
+    elif piece == "schedule":  # the schedule rebuilt at position 0
+        meta["counters"] = {**meta["counters"], "schedule_t": 0}
+    elif piece == "rng":  # no generator state: each generator continues from its seed
+        state = state._replace(rng={})
+    return checkpoint._replace(state=state._replace(meta=meta))
+
+
+def plant_forgetting(piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[int]) -> None:
+    """Make the resume forget `piece` of the state (negative controls only): the data position in
+    the pipeline, every other piece in the checkpoint the trainer loads."""
+    if piece == "data":  # update t reads the window of t - CUT, as a fresh run would
         real_window = DataPipeline.window
         monkeypatch.setattr(DataPipeline, "window", _reached(lambda self, t: real_window(self, t - CUT), calls))
-    elif s.name == "torch" and piece == "schedule":  # the scheduler rebuilt at position 0
-        import ref_torch.trainer as tr
-
-        real_build = tr.build_scheduler
-        monkeypatch.setattr(tr, "build_scheduler", _reached(lambda *a, **k: real_build(*a, **{**k, "start": 0}), calls))
-    elif s.name == "torch":  # ref_torch._train_state.restore leaves the piece out
-        from ref_torch import _train_state
-
-        assert piece in _train_state.PIECES
-        real_restore = _train_state.restore
-        monkeypatch.setattr(_train_state, "restore", _reached(
-            lambda checkpoint, objs, rank, skip=frozenset(): real_restore(checkpoint, objs, rank, skip | {piece}), calls))
-    else:  # ref_jax._train_state.initial_state leaves the piece out (the schedule position too)
-        from ref_jax import _train_state as ts
-
-        assert piece in ts.PIECES
-        real_initial = ts.initial_state
-        monkeypatch.setattr(ts, "initial_state", _reached(
-            lambda parts, run, place, skip=frozenset(): real_initial(parts, run, place, skip | {piece}), calls))
+        return
+    real_load = ck.load_checkpoint
+    monkeypatch.setattr(ck, "load_checkpoint", _reached(lambda path: _forgotten(real_load(path), piece), calls))
 
 
 def resume_in_process(ref: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -310,7 +314,7 @@ def resume_in_process(ref: Reference, tmp_path: Path, monkeypatch: pytest.Monkey
             shutil.rmtree(path)
     calls: list[int] = []
     if forget is not None:
-        plant_forgetting(ref.side, forget, monkeypatch, calls)
+        plant_forgetting(forget, monkeypatch, calls)
     train = importlib.import_module(ref.side.trainer).train
     train(load_config(ref.config, ["checkpoint.keep_last=100"]), out, resume=True, progress="none")
     assert forget is None or calls, f"the planted bug (forgetting the {forget}) was never reached"

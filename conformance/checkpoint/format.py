@@ -37,7 +37,7 @@ from conformance.errors import (
     CheckpointError,
     CheckpointRejected,
 )
-from conformance.run.events import Events, notify
+from conformance.events import Events, notify
 
 FORMAT = "twinstep-checkpoint"
 FORMAT_VERSION = 1
@@ -119,7 +119,7 @@ def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: di
     """Write `state` as directory/step-<update>/ atomically and durably; then, if `keep_last` is
     given, apply retention (after the commit, never deleting the new checkpoint). Returns the path.
     Only one process (rank 0) may save into a directory. `events` observes the stages of the save
-    (conformance.run.events.CHECKPOINT_STAGES)."""
+    (conformance.events.CHECKPOINT_STAGES)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
     if state.update < 0:

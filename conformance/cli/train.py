@@ -18,7 +18,7 @@ from typing import Any
 from conformance.config import load_config
 from conformance.errors import UnsupportedError
 from conformance.harness.backends import PACKAGES
-from conformance.run.events import Events
+from conformance.events import Events
 
 FRAMEWORKS = tuple(b for b in PACKAGES if b != "oracle")
 FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "optax", "flax")

@@ -8,7 +8,7 @@
 
 Shapes the data already fixes (`in_features`, `out_features`, `vocab_size`) default to the data's;
 set explicitly, they must agree with it. Parameter names, layouts and the initialization are
-documented in docs/models.md and computed by `conformance.models`.
+documented in docs/models.md and computed by `conformance.rules.models`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from conformance.config.model import ModelSpec
-from conformance.models import check_model_input
+from conformance.rules.models import check_model_input
 
 LN_EPS = 1e-5
 _erf = np.frompyfunc(math.erf, 1, 1)

@@ -34,7 +34,7 @@ from conformance.data import DataPipeline
 from conformance.errors import CheckpointError, ConfigError
 from conformance.rules.inputs import INDEX_LOSSES
 from conformance.run.counters import Counters
-from conformance.run.events import Events
+from conformance.events import Events
 from conformance.run.metrics import MetricsLog
 from conformance.run.resume import check_resumable, restore_counters
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from conformance.config import Config
 from conformance.data import Window
-from conformance.models import flops_per_token
+from conformance.rules.models import flops_per_token
 from conformance.run.session import Run
 
 # Dense bf16 peak FLOP/s per device (torchtitan's table, reference/trainer_anchors.md §2); MFU is

@@ -1,5 +1,5 @@
 """Crash a run at an exact moment, for the kill tests (a test-only entry point; production code has
-no fault hook, only the `events` observer of conformance.run.events).
+no fault hook, only the `events` observer of conformance.events).
 
     python tests/support/faults.py micro_batch update=9 index=1 -- train CONFIG --backend torch --out DIR
     python tests/support/faults.py checkpoint stage=before_manifest -- train CONFIG --out DIR
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from conformance.run.events import Events
+from conformance.events import Events
 
 KILLED = 137
 

@@ -180,7 +180,7 @@ def run_snippet(framework: str, code: str, config: Config, params: Mapping[str, 
 def check_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """The model's parameter names with every dimension cut to at most 4 (names for the group
     patterns, ranks for muon and adafactor); a small set of names when the model cannot be sized."""
-    from conformance.models import param_shapes
+    from conformance.rules.models import param_shapes
 
     try:
         shapes = param_shapes(config.model, None)  # a model whose sizes the config states
