@@ -145,3 +145,16 @@ def test_no_report_is_left_half_written(tmp_path) -> None:
     path = tmp_path / "r.json"
     write_atomic(path, "{}\n")
     assert path.read_text() == "{}\n" and [p.name for p in Path(tmp_path).iterdir()] == ["r.json"]
+
+
+def test_the_ledger_audit_finds_unexplained_failures_and_rows_that_stopped_failing() -> None:
+    from conformance.harness.ledger import audit
+
+    rows = parse_ledger(LEDGER)
+    results = [Result("loss/a", "native", False, 1.0, 1.0, "x", kind="loss"),
+               Result("optimizer/torch-adam-open", "native", True, 0.0, 0.0, "", kind="optimizer"),
+               Result("optimizer/z-new", "native", False, 1.0, 1.0, "x", kind="optimizer"),
+               Result("optimizer/torch-adam-open", "torch", False, 1.0, 1.0, "x", kind="optimizer")]
+    assert audit(results, rows, "native") == (["optimizer/z-new"], ["O-C"])
+    fixed = [results[0], Result("optimizer/torch-adam-open", "native", False, 1.0, 1.0, "x", kind="optimizer")]
+    assert audit(fixed, rows, "native") == ([], [])  # negative control: every failure explained, every row showing

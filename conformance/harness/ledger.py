@@ -4,15 +4,19 @@ Each ledger row is a Markdown table row whose first cell is its id (`O-NADAM`, `
 case ids a row names are its backticked words that look like case ids: `loss/mse-*` (a glob over
 ids), or, inside a section of one kind, a bare `torch-sgd-closed` (that kind's
 `optimizer/torch-sgd-closed`); `{a,b}` alternatives are expanded. A native backend's failure is
-explained when a row names its case (`explain`); the reports show that row beside the failure.
+explained when a row names its case (`explain`); the reports show that row beside the failure, and
+`audit` gives the two checks of an executable ledger: failures no row explains, rows that no
+longer show.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LEDGER_FILE = Path(__file__).resolve().parents[2] / "docs" / "divergences.md"  # absent in a wheel
 KINDS = ("loss", "schedule", "optimizer", "clip", "accumulate", "loss_scale", "train")
@@ -76,3 +80,17 @@ def read_ledger(path: str | Path | None = None) -> list[LedgerRow]:
 def explain(rows: list[LedgerRow], case_id: str) -> list[str]:
     """The ids of the rows that name `case_id`."""
     return [r.id for r in rows if any(fnmatch.fnmatchcase(case_id, g) for g in r.cases)]
+
+
+def audit(results: Iterable[Any], rows: list[LedgerRow], backend: str) -> tuple[list[str], list[str]]:
+    """The executable ledger's two checks for one (native) backend's results (objects with `case`,
+    `backend`, `status`): the failed case ids no row names, and the ids of the rows that name at
+    least one case the backend ran but none that failed (a divergence that has stopped showing)."""
+    mine = [r for r in results if r.backend == backend]
+    failed = {r.case for r in mine if r.status == "failed"}
+    ran = {r.case for r in mine}
+    unexplained = sorted(c for c in failed if not explain(rows, c))
+    stale = [row.id for row in rows
+             if any(fnmatch.fnmatchcase(c, g) for c in ran for g in row.cases)
+             and not any(fnmatch.fnmatchcase(c, g) for c in failed for g in row.cases)]
+    return unexplained, stale
