@@ -143,7 +143,10 @@ def get_backends(names: str | list[str]) -> list[Backend]:
         names = list(ALL) if names == "all" else [names]
     out: list[Backend] = []
     for n in names:
-        out.extend(Backend(a) for a in ALL) if n == "all" else out.append(resolve_backend(n))
+        if n == "all":
+            out.extend(Backend(a) for a in ALL)
+        else:
+            out.append(resolve_backend(n))
     return list(dict.fromkeys(out))
 
 
