@@ -32,6 +32,10 @@ class UnsupportedError(TwinstepError):
     """A backend does not implement a feature or case kind (yet)."""
 
 
+class BackendError(TwinstepError):
+    """A backend named by the user (`--backend NAME`) cannot be found or imported."""
+
+
 class NonFiniteError(TwinstepError, FloatingPointError):
     """A loss or gradient went non-finite under `on_nonfinite = "raise"`, or too many updates were skipped."""
 
@@ -56,6 +60,7 @@ ERROR_CLASSES: dict[str, type[TwinstepError]] = {
         CaseError,
         InputError,
         UnsupportedError,
+        BackendError,
         NonFiniteError,
         CheckpointError,
         CheckpointCorruptError,
