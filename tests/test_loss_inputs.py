@@ -110,3 +110,19 @@ def test_neg_inf_target_logit_in_training_is_a_skipped_update() -> None:
         metrics = jupd.finish_update(specs, new, info)
     assert metrics["skipped"] and np.isfinite(metrics["grad_norm"])
     np.testing.assert_array_equal(np.asarray(new.params["w"]), w0)
+
+
+def test_a_backend_without_sample_weight_is_unsupported_not_crashed() -> None:
+    from conformance.harness.backends import PatchedBackend
+    from conformance.harness.case import load_cases
+    from conformance.harness.runner import run_case
+    from ref_torch import losses as tl
+
+    def old(spec, prediction, target, weight=None, mask=None, dtype="float64"):
+        return tl.loss_value_and_grad(spec, prediction, target, weight, mask, dtype=dtype)
+
+    bad = PatchedBackend("torch", patches=(("losses", "loss_value_and_grad", old),))
+    cases = {c.id: c for c in load_cases(only=["loss/ce-sample-weight", "loss/ce-plain"])}
+    result = run_case(cases["loss/ce-sample-weight"], bad)
+    assert not result.passed and "UnsupportedError" in result.message and "takes no sample_weight" in result.message
+    assert run_case(cases["loss/ce-plain"], bad).passed
