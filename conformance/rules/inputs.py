@@ -92,10 +92,10 @@ def check_sample_weight(sample_weight: np.ndarray, shape: tuple[int, ...]) -> No
     if not (sw.dtype.kind in "iuf" or str(sw.dtype) == "bfloat16"):
         raise InputError(f"sample_weight must hold numbers; received {sw.dtype}")
     check_finite("sample_weight", sw)
-    if (sw.astype(np.float64) < 0).any():
-        bad = sw.astype(np.float64) < 0
-        raise InputError(f"sample_weight must be >= 0; found {sw.astype(np.float64)[tuple(np.argwhere(bad)[0])]} "
-                         f"at index {_first_bad(bad)}")
+    v = sw.astype(np.float64)
+    if (v < 0).any():
+        value = v[tuple(np.argwhere(v < 0)[0])] if v.ndim else float(v)
+        raise InputError(f"sample_weight must be >= 0; found {value} at index {_first_bad(v < 0)}")
     if sw.ndim > len(shape) or sw.shape != shape[:sw.ndim]:
         hint = f" (one per sample: ({shape[0]},))" if shape else ""
         raise InputError(f"sample_weight shape {sw.shape} must be the leading dimensions of the per-element "
