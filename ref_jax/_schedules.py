@@ -1,7 +1,7 @@
 """Optax schedules for a ScheduleSpec (JAX only; the torch twin builds lr_scheduler objects).
 
 Each group gets one jittable callable count -> lr, built from optax schedules where optax has the
-same mathematics (exponential_decay with its end_value, piecewise_constant_schedule,
+same mathematics (exponential_decay with its end_value but for the staircase, piecewise_constant_schedule,
 linear_schedule, polynomial_schedule with its end_value, cosine_decay_schedule,
 warmup_cosine_decay_schedule, join_schedules) and from small closed forms where it has none or
 differs (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm restarts for ever
@@ -80,7 +80,7 @@ def _restarts(spec: ScheduleSpec, b: float) -> Schedule:
 
     def schedule(s: Any) -> Any:
         if mult == 1:
-            i, t_cur, t_i = jnp.floor(s / t0), jnp.mod(s, t0), t0
+            i, t_cur, t_i = s // t0, jnp.mod(s, t0), t0  # floor(s / t0) is not exact under XLA (S-STAIRCASE)
         else:
             i = jnp.searchsorted(jnp.asarray(starts_a, s.dtype), s, side="right") - 1
             t_cur, t_i = s - jnp.asarray(starts_a, s.dtype)[i], jnp.asarray(lengths_a, s.dtype)[i]
@@ -112,7 +112,7 @@ def _cyclic_height(spec: ScheduleSpec) -> Schedule:
     ratio = spec.step_size_up / total
 
     def height(s: Any) -> Any:
-        cycle = jnp.floor(1 + s / total)
+        cycle = 1 + s // total  # exact; jnp.floor(s / total) is not (S-STAIRCASE)
         x = 1.0 + s / total - cycle
         h = jnp.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
         if spec.mode == "triangular2":
@@ -122,6 +122,20 @@ def _cyclic_height(spec: ScheduleSpec) -> Schedule:
         return h
 
     return height
+
+
+def _staircase(b: float, k: int, gamma: float, end: float | None) -> Schedule:
+    """StepLR / optax.exponential_decay(staircase=True, end_value): b·γ^⌊s/k⌋, bounded by `end`. Not
+    optax's: its floor(count / k) lands one step early at some boundaries under a float64 count,
+    where XLA multiplies by 1/k (docs/divergences.md S-STAIRCASE); s // k is exact."""
+
+    def schedule(s: Any) -> Any:
+        value = b * gamma ** (s // k)
+        if end is None:
+            return value
+        return jnp.maximum(value, end) if gamma < 1 else jnp.minimum(value, end)
+
+    return schedule
 
 
 def _chained(spec: ScheduleSpec, b: float) -> Schedule:
@@ -161,7 +175,7 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
         return optax.piecewise_constant_schedule(b * spec.factor, {spec.total_iters: 1.0 / spec.factor})
     end = None if spec.end_factor is None else b * spec.end_factor  # optax's end_value
     if name == "step":
-        return optax.exponential_decay(b, spec.step_size, spec.gamma, staircase=True, end_value=end)
+        return _staircase(b, spec.step_size, spec.gamma, end)
     if name == "multistep":
         return optax.piecewise_constant_schedule(b, {m: spec.gamma for m in spec.milestones})
     if name == "exponential":

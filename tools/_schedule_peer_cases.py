@@ -94,11 +94,11 @@ def plateau_cases(out: Path, tc: Callable[..., None]) -> None:
     tc(out, "plateau-min-rel-cooldown-min-lr", "ReduceLROnPlateau min/rel, patience 3, cooldown 2, min_lr 1e-3: a "
        "noisy validation loss that flattens", rop(factor=0.5, patience=3, cooldown=2, min_lr=1e-3),
        lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=3, cooldown=2, min_lr=1e-3), 60, metrics=m1)
-    acc = [float(round(0.5 + 0.4 * (1 - np.exp(-t / 8)) + 0.01 * np.sin(3 * t), 6)) for t in range(50)]
-    tc(out, "plateau-max-abs-cooldown-min-lr-groups", "max/abs (an accuracy), threshold 0.005, cooldown 1, min_lr "
-       "2e-3, two groups (the smaller reaches min_lr first)",
-       rop(mode="max", threshold_mode="abs", threshold=0.005, factor=0.3, patience=2, cooldown=1, min_lr=2e-3),
-       lambda o: S.ReduceLROnPlateau(o, mode="max", threshold_mode="abs", threshold=0.005, factor=0.3, patience=2,
+    acc = [float(round(50 + 40 * (1 - np.exp(-t / 8)) + np.sin(3 * t), 4)) for t in range(50)]
+    tc(out, "plateau-max-abs-cooldown-min-lr-groups", "max/abs (an accuracy in percent), threshold 0.5, cooldown 1, "
+       "min_lr 2e-3, two groups (the smaller reaches min_lr first)",
+       rop(mode="max", threshold_mode="abs", threshold=0.5, factor=0.3, patience=2, cooldown=1, min_lr=2e-3),
+       lambda o: S.ReduceLROnPlateau(o, mode="max", threshold_mode="abs", threshold=0.5, factor=0.3, patience=2,
                                      cooldown=1, min_lr=2e-3), 50, groups=(0.01,), metrics=acc)
     flat = [1.0] * 30
     tc(out, "plateau-eps-stops-small-reductions", "eps = 0.004: a reduction by less than eps is skipped (the 0.005 "

@@ -117,6 +117,10 @@ def bundled_cases(out: Path) -> None:
        lambda o: S.StepLR(o, 3), 10)
     tc(out, "step-two-groups", "every group decays from its own lr", {"name": "step", "step_size": 2,
        "gamma": 0.5}, lambda o: S.StepLR(o, 2, 0.5), 9, groups=(0.02,))
+    tc(out, "step-size-49-boundaries", "StepLR(49, 0.99) over 5000 updates, on both sides of every boundary "
+       "(inputs.at): optax's staircase under a float64 count lands early at some (docs/divergences.md S-STAIRCASE)",
+       {"name": "step", "step_size": 49, "gamma": 0.99}, lambda o: S.StepLR(o, 49, 0.99), 5000,
+       at=[t for m in range(1, 103) for t in (49 * m - 1, 49 * m)])
     tc(out, "step-per-epoch", "unit = epoch: the decay comes every 2 epochs of 4 updates",
        {"name": "step", "unit": "epoch", "step_size": 2, "gamma": 0.5}, lambda o: S.StepLR(o, 2, 0.5), 20, upe=4)
     # multistep
