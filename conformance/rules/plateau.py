@@ -64,3 +64,12 @@ def from_json(data: Any, groups: int, where: str) -> Plateau:
         raise CheckpointError(f"{where}: schedule.plateau is malformed (best a number, counters integers >= 0, "
                               f"lrs {groups} finite numbers); received {data!r}")
     return Plateau(float(best), *counts, tuple(float(x) for x in lrs))  # type: ignore[arg-type]
+
+
+def from_meta(meta: dict[str, Any], groups: int, where: str) -> Plateau:
+    """The plateau state of a checkpoint's state.json (a run with reduce_on_plateau must have one)."""
+    saved = (meta.get("schedule") or {}).get("plateau")
+    if saved is None:
+        raise CheckpointError(f"{where}: state.json has no schedule.plateau, but this run's schedule is "
+                              f"reduce_on_plateau (its best metric, counters and lrs are needed to resume)")
+    return from_json(saved, groups, where)
