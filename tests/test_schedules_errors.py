@@ -187,3 +187,43 @@ def test_run_length_notes() -> None:
     epochs = load_config({"schedule": {"name": "warmup_cosine", "unit": "epoch", "warmup_steps": 2,
                                        "total_steps": 10}}).schedule
     assert check_run_length(epochs, 30, updates_per_epoch=3) == []  # 10 epochs of 3 updates
+
+
+CASE = {"id": "schedule/x", "kind": "schedule", "source": "test", "optimizer": {"name": "sgd", "lr": 0.1}}
+# ([schedule], [inputs], [expected], text of the CaseError): schedule cases that do not mean what they say
+CASE_ERRORS = [
+    ({"name": "step", "step_size": 2}, {"steps": 3, "metrics": [1.0, 1.0, 1.0]}, {"lr": [0.1, 0.1, 0.01]},
+     "inputs.metrics is read only by schedule.name = 'reduce_on_plateau'"),
+    ({"name": "reduce_on_plateau"}, {"steps": 3}, {"lr": [0.1, 0.1, 0.1]}, "inputs.metrics is required"),
+    ({"name": "reduce_on_plateau"}, {"steps": 3, "metrics": [1.0, 1.0]}, {"lr": [0.1, 0.1, 0.1]},
+     "inputs.metrics must hold one number per update (3)"),
+    ({"name": "step", "step_size": 2}, {"steps": 9, "at": [4, 2]}, {"lr": [0.01, 0.1]},
+     "inputs.at[1] = 2 must be >= 0 and greater than the update before it"),
+    ({"name": "step", "step_size": 2}, {"steps": 3, "at": [0, 5]}, {"lr": [0.1, 0.001]},
+     "inputs.at[1] = 5 is not an update of inputs.steps = 3"),
+    ({"name": "step", "step_size": 2}, {"at": [0, 5]}, {"lr": [0.1, 0.01, 0.001]},
+     "expected.lr has shape (3,); len(inputs.at) = 2"),
+    ({"name": "step", "step_size": 2}, {}, {"lr": [0.1]}, "inputs.steps is required (or inputs.at"),
+    ({"name": "step", "step_size": 2}, {"steps": 2}, {"lr": [0.1, 0.1], "momentum": [0.9, 0.9]},
+     "expected.momentum needs schedule.name = 'onecycle' or 'cyclic'"),
+]
+
+
+@pytest.mark.parametrize(("schedule", "inputs", "expected", "text"), CASE_ERRORS, ids=[r[-1] for r in CASE_ERRORS])
+def test_misused_case_inputs_are_one_case_error(tmp_path, schedule, inputs, expected, text) -> None:
+    from conformance.errors import CaseError
+    from conformance.harness.case import parse_case
+
+    with pytest.raises(CaseError) as info:
+        parse_case({**CASE, "schedule": schedule, "inputs": inputs, "expected": expected}, tmp_path / "x.toml")
+    assert text in str(info.value) and str(info.value).startswith(str(tmp_path / "x.toml"))
+
+
+def test_spot_steps_default_to_one_past_the_last() -> None:
+    from conformance.harness.case import parse_case
+    from conformance.harness.runner import run_case
+
+    case = parse_case({**CASE, "schedule": {"name": "step", "step_size": 2}, "inputs": {"at": [0, 5]},
+                       "expected": {"lr": [0.1, 0.001]}}, None)
+    for name in ("torch", "jax", "oracle"):
+        assert run_case(case, Backend(name)).passed
