@@ -38,6 +38,11 @@ Contract shared by every backend's `train` (same signature and docstring):
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
+- `[schedule] name = "reduce_on_plateau"` observes `schedule.monitor` (val_loss, or val_accuracy)
+  after every evaluation, so updates after it apply the reduced lrs; a run that never evaluates is
+  refused (ConfigError naming run.eval_every or data.val_fraction); its state (best metric,
+  counters, every group's lr) is in every checkpoint, in the neutral form of
+  conformance.rules.plateau, so either trainer resumes it exactly.
 - Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
   NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
   resumed call returns only the updates after the checkpoint), the number of updates done, the
@@ -60,7 +65,7 @@ import numpy as np
 
 from conformance.config import Config, load_config
 from conformance.errors import UnsupportedError
-from conformance.rules.schedules import check_run_length
+from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
 from conformance.events import Events, notify
@@ -120,7 +125,9 @@ def _loop(run: Run) -> TrainResult:
     parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned)
     state, key = ts.initial_state(parts, run, place)
     step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place)
-    tables = place.put_replicated(parts.tables)
+    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
+    plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
+    tables = place.put_replicated(parts.tables if plateau is None else ts.plateau_tables(parts, plateau))
     evaluate = None
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
@@ -158,8 +165,11 @@ def _loop(run: Run) -> TrainResult:
                 run.counters = run.counters._replace(best_val_loss=float(val_loss))
             if run.metrics is not None:
                 run.metrics.log_eval(record)
+            if plateau is not None:  # observed after update t: updates t + 1, ... apply its lrs
+                plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
+                tables = place.put_replicated(ts.plateau_tables(parts, plateau))
         if checkpoint_due(run, t):
-            last = ts.save(run, place, state, key, t + 1, val_loss)
+            last = ts.save(run, place, state, key, t + 1, val_loss, plateau)
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
 

@@ -2,7 +2,8 @@
 
 Saved (docs/contract.md §5, reliability.md §3.4's checklist): model parameters; optimizer state in the
 neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
-(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t)); the
+(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t); a
+reduce_on_plateau scheduler gets its neutral state back with restore_plateau); the
 loss-scale state; the skip counters (in the counters); every rank's RNG (torch CPU and CUDA,
 Python, NumPy) as `rank<i>/...`; the data position (the update count, checked against the data).
 """
@@ -18,10 +19,12 @@ import torch
 from conformance.checkpoint import Checkpoint
 from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_rank_rng
 from conformance.errors import CheckpointError
+from conformance.rules import plateau
 from conformance.run import records
 from conformance.run.session import Run
 from ref_torch import _fsdp
 from ref_torch import _parallel as ddp
+from ref_torch._schedules import MetricPlateau, load_plateau
 from ref_torch.backend import describe
 from ref_torch.checkpoint import load_model_state, model_state, restore_rng
 from ref_torch.optimizers import export_state, import_state
@@ -38,9 +41,9 @@ class Objects(NamedTuple):
 
 
 def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.device,
-                    val_loss: float | None = None) -> Path | None:
-    """Save the state after `updates_done` updates. Collective: every rank calls it (RNG gather);
-    rank 0 writes."""
+                    val_loss: float | None = None, plateau: dict[str, Any] | None = None) -> Path | None:
+    """Save the state after `updates_done` updates (`plateau`: reduce_on_plateau's neutral state).
+    Collective: every rank calls it (RNG gather); rank 0 writes."""
     rng, rng_meta = capture_rng(device)
     per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
     sharded = _fsdp.is_sharded(objs.model)
@@ -52,7 +55,7 @@ def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.de
     tensors, meta_rng = pack_rank_rng(per_rank)
     opt = opt if opt is not None else export_state(objs.optimizer)
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
-    meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng)
+    meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng, plateau)
     return records.save(run, updates_done, weights if weights is not None else model_state(objs.model),
                          opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss)
 
@@ -93,6 +96,12 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     if mine is not None:
         restore_rng(*mine)
     return skips
+
+
+def restore_plateau(checkpoint: Checkpoint, scheduler: MetricPlateau) -> None:
+    """Put the checkpoint's reduce_on_plateau state (conformance.rules.plateau) into the scheduler."""
+    groups = len(scheduler.optimizer.param_groups)
+    load_plateau(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
 
 
 def final_params(model: Any) -> dict[str, np.ndarray]:

@@ -38,6 +38,11 @@ Contract shared by every backend's `train` (same signature and docstring):
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
+- `[schedule] name = "reduce_on_plateau"` observes `schedule.monitor` (val_loss, or val_accuracy)
+  after every evaluation, so updates after it apply the reduced lrs; a run that never evaluates is
+  refused (ConfigError naming run.eval_every or data.val_fraction); its state (best metric,
+  counters, every group's lr) is in every checkpoint, in the neutral form of
+  conformance.rules.plateau, so either trainer resumes it exactly.
 - Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
   NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
   resumed call returns only the updates after the checkpoint), the number of updates done, the
@@ -56,7 +61,8 @@ import torch
 from conformance.config import Config, load_config
 from conformance.errors import TwinstepError
 from conformance.rules.inputs import INDEX_LOSSES
-from conformance.rules.schedules import check_run_length, check_schedule
+from conformance.rules import plateau
+from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
 from conformance.events import Events, notify
@@ -72,7 +78,7 @@ from conformance.run.throughput import throughput_extras
 from ref_torch import _fsdp, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
-from ref_torch._schedules import build_scheduler
+from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_state
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.losses import LossOutput, compute_loss
@@ -146,6 +152,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device))
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
+    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
     for note in check_run_length(config.schedule, run.planned, per_epoch):
         _note(run, note, progress)
     scheduler = build_scheduler(config.schedule, optimizer, per_epoch, start=run.counters.schedule_t)
@@ -153,6 +160,8 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     skips = init_skip_state()
     if run.checkpoint is not None:
         skips = _train_state.restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
+        if isinstance(scheduler, MetricPlateau):
+            _train_state.restore_plateau(run.checkpoint, scheduler)
     model.train()
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     hooks = ddp.update_hooks(wrapped, run.world_size, device)
@@ -176,9 +185,14 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
                      **throughput_extras(config, run, window, t2 - t0, name)}
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
-        val_loss = _maybe_evaluate(config, run, model, device, pdtype, t)
+        record = _maybe_evaluate(config, run, model, device, pdtype, t)
+        observing = isinstance(scheduler, MetricPlateau)
+        if observing and record is not None:
+            scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
         if checkpoint_due(run, t):
-            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+            val_loss = None if record is None else record["val_loss"]
+            state = plateau.to_json(plateau_state(scheduler)) if observing else None
+            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
     return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
 
 
@@ -230,7 +244,7 @@ def _loss_fn(config: Config, forward: Any, world: int, inject: bool, update: int
 
 
 def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,
-                    t: int) -> float | None:
+                    t: int) -> dict[str, Any] | None:
     if not eval_due(run, t):
         return None
     record = eval_record(t, _evaluate(config, run, model, device, dtype))
@@ -240,7 +254,7 @@ def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, 
         run.counters = run.counters._replace(best_val_loss=val)
     if run.metrics is not None:
         run.metrics.log_eval(record)
-    return val
+    return record
 
 
 def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:

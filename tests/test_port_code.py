@@ -76,6 +76,20 @@ SCHEDULES = {
         {"name": "linear", "start_factor": 0.1, "total_iters": 3}, {"name": "wsd", "warmup_steps": 1,
         "total_steps": 4, "decay_steps": 2, "decay_type": "cosine"}, {"name": "exponential", "gamma": 0.8}]},
     "per-epoch": {"name": "step", "step_size": 2, "gamma": 0.5, "unit": "epoch"},
+    "chained": {"name": "chained", "schedulers": [{"name": "linear", "start_factor": 0.2, "total_iters": 3},
+                                                  {"name": "step", "step_size": 4, "gamma": 0.5},
+                                                  {"name": "cosine", "t_max": 20}]},
+    "cyclic-triangular2-momentum": {"name": "cyclic", "max_lr": 0.3, "step_size_up": 2, "step_size_down": 3,
+                                    "mode": "triangular2"},
+    "cyclic-exp-range": {"name": "cyclic", "max_lr": 0.3, "step_size_up": 3, "mode": "exp_range", "gamma": 0.9,
+                         "cycle_momentum": False},
+    "plateau": {"name": "reduce_on_plateau", "patience": 1},
+    "restarts-m-mul": {"name": "cosine_restarts", "t_0": 2, "t_mult": 2, "m_mul": 0.5, "eta_min": 1e-3},
+    "polynomial-end": {"name": "polynomial", "total_iters": 6, "power": 2.0, "end_factor": 0.3},
+    "exponential-floor": {"name": "exponential", "gamma": 0.7, "end_factor": 0.2},
+    "step-ceiling": {"name": "step", "step_size": 2, "gamma": 1.5, "end_factor": 3.0},
+    "linear-from-above": {"name": "linear", "start_factor": 4.0, "end_factor": 1.0, "total_iters": 5},
+    "warmup-cosine-from-above": {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 9, "start_factor": 3.0},
 }
 PATHS = {  # clip, accumulation, precision
     "tokens-dynamic-torch-clip": ({"max_norm": 0.5}, {"steps": 3, "normalize": "tokens"}, DYNAMIC),
@@ -164,6 +178,36 @@ def test_the_non_finite_policy_raises_in_snippets(framework: str) -> None:
             with pytest.raises(FloatingPointError, match="non-finite"):
                 run_snippet(framework, code, config, values, windows)
             run_snippet(framework, code, config, values, windows[:at])  # the updates before pass
+
+
+def test_plateau_snippets_observe_metrics() -> None:
+    """reduce_on_plateau in snippets: the torch Updater's observe() (torch's ReduceLROnPlateau.step) and
+    the optax snippet's observe(state, plateau, metric) give the lrs of twinstep's torch backend."""
+    config = _config({"name": "sgd", "lr": 0.1, "momentum": 0.9}, {"name": "reduce_on_plateau", "patience": 1,
+                                                                   "cooldown": 1, "factor": 0.5, "min_lr": 4e-3})
+    metrics = [1.0, 0.9, 0.95, 0.93, 0.92, 0.91, 0.95, 0.99, 0.89, 0.9, 0.9, 0.9]
+    with Backend("torch").context():
+        want = Backend("torch").function("schedules", "schedule_values")(config.schedule, config.optimizer,
+                                                                          len(metrics), metrics=metrics)["lr"]
+    ns: dict = {}
+    exec(torch_code(config), ns)  # noqa: S102 - the generated code under test
+    model = torch.nn.Module()
+    for name, shape in SHAPES.items():
+        model.register_parameter(name.replace(".", "_"), torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64)))
+    updater, torch_lrs = ns["Updater"](model), []
+    for m in metrics:
+        torch_lrs.append([g["lr"] for g in updater.optimizer.param_groups])
+        updater.observe(m)
+    np.testing.assert_array_equal(np.array(torch_lrs)[:, -1], want[:, -1])
+    ns = {}
+    with Backend("jax").context():
+        exec(optax_code(config), ns)  # noqa: S102
+        state, plateau, optax_lrs = ns["init"](_values(config)), ns["plateau_init"](), []
+        for m in metrics:
+            optax_lrs.append([float(state.opt_state.hyperparams[f"lr_{i}"]) for i in range(2)])
+            state, plateau = ns["observe"](state, plateau, m)
+    np.testing.assert_array_equal(np.array(optax_lrs), want)
+    assert len(set(want[:, 0])) > 2
 
 
 def test_snippets_import_no_twinstep() -> None:

@@ -75,12 +75,13 @@ def eval_record(t: int, total: EvalTotals) -> dict[str, Any]:
 
 
 def checkpoint_meta(run: Run, updates_done: int, optimizer_step: int, loss_scale: dict[str, Any] | None,
-                    rng_meta: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """The JSON half of a checkpoint: counters, schedule position, loss scale, data position, RNG."""
+                    rng_meta: dict[str, Any], plateau: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The JSON half of a checkpoint: counters, schedule position (and reduce_on_plateau's state,
+    conformance.rules.plateau), loss scale, data position, RNG."""
     return {
         "backend": run.backend,
         "optimizer_step": int(optimizer_step),
-        "schedule": {"t": run.counters.schedule_t},
+        "schedule": {"t": run.counters.schedule_t, **({"plateau": plateau} if plateau is not None else {})},
         "loss_scale": loss_scale,
         "data": run.data.position(updates_done),
         "rng": rng_meta,

@@ -75,7 +75,15 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     "warmup-cosine": lambda o: sched.SequentialLR(
         o, [sched.LinearLR(o, 0.1, 1.0, 3), sched.CosineAnnealingLR(o, T_max=7, eta_min=1e-4)], [3]),
     "chained-one": lambda o: sched.ChainedScheduler([sched.StepLR(o, step_size=3, gamma=0.5)]),
+    "chained": lambda o: sched.ChainedScheduler([sched.LinearLR(o, 0.2, 1.0, 4), sched.ExponentialLR(o, 0.9),
+                                                 sched.CosineAnnealingLR(o, T_max=30)]),
+    "cyclic": lambda o: sched.CyclicLR(o, 0.01, 0.05, step_size_up=3, mode="triangular2", cycle_momentum=False),
+    "cyclic-exp-range": lambda o: sched.CyclicLR(o, [0.005, 0.01][-len(o.param_groups):], 0.08, step_size_up=2,
+                                                 step_size_down=4, mode="exp_range", gamma=0.9, cycle_momentum=False),
+    "cyclic-momentum": lambda o: sched.CyclicLR(o, 0.01, 0.05, step_size_up=3, base_momentum=0.85, max_momentum=0.95),
+    "plateau": lambda o: sched.ReduceLROnPlateau(o, mode="max", patience=2, min_lr=1e-4),
 }
+NEEDS_MOMENTUM = ("cyclic-momentum",)  # CyclicLR(cycle_momentum=True) refuses an optimizer without momentum or betas
 
 
 @contextlib.contextmanager

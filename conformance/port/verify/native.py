@@ -17,7 +17,8 @@ from conformance.port.verify.traces import MicroBatch, Trace
 def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
                      windows: list[list[MicroBatch]]) -> Trace:
     """Step native torch objects over the stream (one micro-batch per update, no skips): set every
-    parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step()."""
+    parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step() (not
+    ReduceLROnPlateau's, which needs a metric)."""
     import torch
 
     group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
@@ -29,8 +30,8 @@ def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
         lrs = {name: float(optimizer.param_groups[group_of[id(p)]]["lr"]) for name, p in named.items()
                if id(p) in group_of}
         optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        if scheduler is not None and type(scheduler).__name__ != "ReduceLROnPlateau":
+            scheduler.step()  # a gradient stream has no metric: a plateau's lr holds, as the spec's does
         out.params.append({k: p.detach().double().numpy().copy() for k, p in named.items()})
         out.lrs.append(lrs)
         out.skipped.append(False)

@@ -117,8 +117,11 @@ def step_code(config: Config) -> str:
     step += _lines('''
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         s = (state.position // UPDATES_PER_EPOCH).astype(WIDE)  # the schedule step
-        hyper = {f"lr_{i}": jnp.asarray(fn(s), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}
         ''', 8)
+    if config.schedule.name == "reduce_on_plateau":  # the lrs observe() left in the state
+        step += _lines('hyper = {f"lr_{i}": state.opt_state.hyperparams[f"lr_{i}"] for i in range(len(LR_SCHEDULES))}', 8)
+    else:
+        step += _lines('hyper = {f"lr_{i}": jnp.asarray(fn(s), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}', 8)
     if _momentum_marker(config):
         step += _lines('hyper.update({f"momentum_{i}": jnp.asarray(MOMENTUM_SCHEDULE(s), PARAM_DTYPE) '
                        'for i in range(len(LR_SCHEDULES))})', 8)
@@ -142,7 +145,53 @@ def step_code(config: Config) -> str:
         def train_step(state, window):
             state, metrics = step(state, window)
         ''', 4) + _lines(_policy(config), 8) + ["        return state, metrics", "", "    return train_step"]
-    return "\n".join(head + grads + [""] + step + [""] + host)
+    out = "\n".join(head + grads + [""] + step + [""] + host)
+    return out if config.schedule.name != "reduce_on_plateau" else _plateau_code(config, out)
+
+
+def _plateau_code(config: Config, code: str) -> str:
+    """reduce_on_plateau: init() puts each group's lr in the injected hyper-parameters, the step
+    keeps them, and observe(state, plateau, metric) is torch's ReduceLROnPlateau.step on the host
+    (plateau_init() to start)."""
+    s = config.schedule
+    code = code.replace(
+        "    return TrainState(params, TX.init(params), ",
+        "    opt_state = TX.init(params)\n"
+        "    lrs = {f\"lr_{i}\": jnp.asarray(fn(0.0), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}\n"
+        "    opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, **lrs})\n"
+        "    return TrainState(params, opt_state, ")
+    better = {("min", "rel"): f"metric < best * (1 - {lit(s.threshold)})", ("min", "abs"): f"metric < best - {lit(s.threshold)}",
+              ("max", "rel"): f"metric > best * (1 + {lit(s.threshold)})", ("max", "abs"): f"metric > best + {lit(s.threshold)}"}
+    worst = "math.inf" if s.mode == "min" else "-math.inf"
+    return code + "\n\n\n" + block(f'''
+        class Plateau(NamedTuple):
+            """reduce_on_plateau's state: torch's ReduceLROnPlateau attributes, each group's lr (float64)."""
+            best: float
+            num_bad_epochs: int
+            cooldown_counter: int
+            lrs: tuple
+
+
+        def plateau_init():
+            return Plateau({worst}, 0, 0, tuple(float(fn(0.0)) for fn in LR_SCHEDULES))
+
+
+        def observe(state, plateau, metric):
+            """The {s.monitor} of an evaluation after an update -> (state, plateau): torch's
+            ReduceLROnPlateau.step (mode {s.mode!r}, threshold_mode {s.threshold_mode!r})."""
+            best, bad, cooldown, lrs = plateau
+            metric = float(metric)
+            best, bad = (metric, 0) if {better[(s.mode, s.threshold_mode)]} else (best, bad + 1)
+            if cooldown > 0:
+                cooldown, bad = cooldown - 1, 0
+            if bad <= {s.patience}:
+                return state, Plateau(best, bad, cooldown, lrs)
+            lower = [max(old * {lit(s.factor)}, {lit(s.min_lr)}) for old in lrs]
+            lrs = tuple(new if old - new > {lit(s.eps)} else old for old, new in zip(lrs, lower))
+            hyper = {{**state.opt_state.hyperparams, **{{f"lr_{{i}}": jnp.asarray(x, PARAM_DTYPE) for i, x in enumerate(lrs)}}}}
+            state = state._replace(opt_state=state.opt_state._replace(hyperparams=hyper))
+            return state, Plateau(best, 0, {s.cooldown}, lrs)
+        ''')
 
 
 def _momentum_marker(config: Config) -> str:

@@ -15,7 +15,7 @@ from conformance.config import Config
 from conformance.errors import UnsupportedError
 from conformance.port.write import torch_parts as parts
 from conformance.port.write.common import block, header, layout, layout_code, lit
-from conformance.port.write.schedule_code import torch_scheduler_code
+from conformance.port.write.schedule_code import torch_helpers, torch_scheduler_code
 
 CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW",
            "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad", "adamax": "torch.optim.Adamax",
@@ -161,7 +161,7 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
     pieces = [header(config, "torch", source), "import fnmatch\nimport math\n\nimport torch\n"
               "from torch.optim import lr_scheduler", layout_code(config)]
     pieces += [t.strip("\n") for t in extra]
-    pieces += [opt_body, 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
+    pieces += [opt_body, torch_helpers(config.schedule), 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
                'optimizer.step(), once per update."""\n' + sched]
     if config.schedule.unit == "epoch":
         pieces.append(block(f'''

@@ -101,7 +101,15 @@ def updater_code(config: Config, clip: list[str]) -> str:
              "    self.skipped_in_a_row += 1", *_policy_lines(config)]
     if p.dynamic_scaling:
         body.append("self.scaler.update()")
-    body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
-             "    self.scheduler.step()",
-             'return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}']
-    return head + "\n" + block("\n".join(body), 8)
+    if config.schedule.name != "reduce_on_plateau":  # a plateau steps on metrics (observe), not updates
+        body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
+                 "    self.scheduler.step()"]
+    body.append('return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}')
+    out = head + "\n" + block("\n".join(body), 8)
+    if config.schedule.name == "reduce_on_plateau":
+        out += "\n\n" + block(f'''
+            def observe(self, metric):
+                """reduce_on_plateau: the {config.schedule.monitor} of an evaluation (after an update)."""
+                self.scheduler.step(metric)
+            ''', 4)
+    return out
