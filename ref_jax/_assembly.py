@@ -68,6 +68,9 @@ def split(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
         del static["eps"]
     static["decoupled"] = name == "adamw" or bool(hp.get("decoupled_weight_decay", False))
     static.setdefault("eps_root", 0.0)
+    static.setdefault("eps_hat", False)
+    if name == "rmsprop":  # decided at build time; set_hyperparams rebuilds when momentum is switched on
+        static["momentum_on"] = hp["momentum"] > 0
     return dynamic, static
 
 
@@ -157,6 +160,26 @@ def _check_rmsprop_buffers(state: OptimizerState, group: int, momentum: Any) -> 
                           f"buffer (torch.optim.RMSprop); set momentum > 0 before the first update")
 
 
+def _momentum_on(state: OptimizerState, group: int, momentum: Any) -> OptimizerState:
+    """An rmsprop group built without momentum carries no buffer (the plain step is as cheap as
+    optax.rmsprop's); switching momentum on rebuilds the group's plan with buffers. A traced value
+    (inside jit) might be > 0: rebuilt too (the buffer path then follows torch for any value)."""
+    plan = state.plan
+    if plan.cfg(group).get("momentum_on", True):
+        return state
+    if not isinstance(momentum, jax.core.Tracer) and not float(momentum) > 0:
+        return state
+    static = list(plan.static)
+    static[group] = tuple(sorted({**plan.cfg(group), "momentum_on": True}.items()))
+    new_plan = Plan(plan.names, plan.group_index, plan.shapes, plan.dtypes, plan.optimizers, plan.labels,
+                    tuple(static))
+    leaves = dict(state.leaves)
+    for name, gi in zip(plan.names, plan.group_index):
+        if gi == group:
+            leaves[name] = leaves[name]._replace(momentum_buffer=jnp.zeros_like(leaves[name].square_avg))
+    return OptimizerState(new_plan, state.hyperparams, leaves)
+
+
 def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]) -> OptimizerState:
     """A copy of `state` with group `group`'s dynamic hyper-parameters replaced (jittable)."""
     plan = state.plan
@@ -171,7 +194,8 @@ def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]
             value = value[1] if isinstance(value, (tuple, list)) else value
         if key == "momentum" and plan.optimizers[group] == "rmsprop":
             _check_rmsprop_buffers(state, group, value)
+            state = _momentum_on(state, group, value)
         current[key] = _array(value, current[key])
     hps = list(state.hyperparams)
     hps[group] = current
-    return OptimizerState(plan, tuple(hps), state.leaves)
+    return OptimizerState(state.plan, tuple(hps), state.leaves)

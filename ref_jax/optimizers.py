@@ -29,17 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from conformance.config.optimizer import OptimizerSpec
+from conformance.config.optimizer import SCHEDULE_FREE, OptimizerSpec
 from conformance.errors import InputError
 from conformance.rules.groups import ParamGroup
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_jax import _assembly, _elementwise
+from ref_jax import _assembly, _elementwise, _schedule_free
 from ref_jax.backend import framework_dtype, to_numpy
 
 __all__ = [
     "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
-    "set_group_hyperparams",
+    "set_group_hyperparams", "to_eval_point", "to_train_point",
 ]
 
 
@@ -136,6 +136,33 @@ def _entries(neutral: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     if not isinstance(neutral, Mapping) or "state" not in neutral or not isinstance(neutral["state"], Mapping):
         raise InputError("a neutral optimizer state is a table {'step': n, 'state': {param: {name: array}}}")
     return neutral["state"]
+
+
+def _swap(state: Any, params: Any, train: bool) -> dict[str, Any]:
+    plan = state.plan
+    out = dict(params)
+    for name, gi in zip(plan.names, plan.group_index):
+        if plan.optimizers[gi] not in SCHEDULE_FREE:
+            continue
+        leaf = state.leaves[name]
+        target = _schedule_free.point(leaf, _schedule_free.beta(state.hyperparams[gi])) if train else leaf.x
+        out[name] = jnp.where(leaf.step > 0, target.astype(params[name].dtype), params[name])
+    return out
+
+
+def to_eval_point(state: Any, params: Any) -> Any:
+    """The parameters to evaluate and save. Schedule-free optimizers: the average x (schedulefree's
+    optimizer.eval()); every other optimizer: the parameters as they are. Torch: `state` is the
+    optimizer, x is copied into its parameters in place and `params` is returned; JAX: a new
+    {name: array} dict from `params` and the optimizer state. Undone exactly by to_train_point."""
+    return _swap(state, params, train=False)
+
+
+def to_train_point(state: Any, params: Any) -> Any:
+    """The parameters to take gradients at: schedule-free optimizers' y = β·x + (1−β)·z
+    (optimizer.train()), bit for bit what the last update produced; every other optimizer: the
+    parameters as they are. Torch: in place, returns `params`; JAX: a new dict."""
+    return _swap(state, params, train=True)
 
 
 @jax.jit

@@ -33,12 +33,12 @@ from conformance.errors import ConfigError, InputError
 from conformance.rules.groups import ParamGroup, resolve_groups
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_torch import _assembly, _muon
+from ref_torch import _assembly, _muon, _schedule_free
 from ref_torch.backend import framework_dtype, to_numpy
 
 __all__ = [
     "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
-    "set_group_hyperparams",
+    "set_group_hyperparams", "to_eval_point", "to_train_point",
 ]
 
 
@@ -204,7 +204,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
                     device = p.device if (fused or capturable) else None
                     new["step"] = torch.tensor(float(np.asarray(value)), dtype=_get_scalar_dtype(is_fused=fused),
                                                device=device)
-                elif key == "mu_product":
+                elif key in ("mu_product", "weight_sum", "lr_max"):  # 0-d: float64 for float64 parameters
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
                     new[key] = torch.tensor(float(np.asarray(value)), dtype=dtype,
                                             device=p.device if capturable else None)
@@ -212,6 +212,25 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
                     new[to_torch[key]] = _tensor(value, p)
             state.state[p] = new
     return state
+
+
+def to_eval_point(state: Any, params: Any) -> Any:
+    """The parameters to evaluate and save. Schedule-free optimizers: the average x (schedulefree's
+    optimizer.eval()); every other optimizer: the parameters as they are. Torch: `state` is the
+    optimizer, x is copied into its parameters in place and `params` is returned; JAX: a new
+    {name: array} dict from `params` and the optimizer state. Undone exactly by to_train_point."""
+    if isinstance(state, _schedule_free.ScheduleFree):
+        state.eval()
+    return params
+
+
+def to_train_point(state: Any, params: Any) -> Any:
+    """The parameters to take gradients at: schedule-free optimizers' y = β·x + (1−β)·z
+    (optimizer.train()), bit for bit what the last update produced; every other optimizer: the
+    parameters as they are. Torch: in place, returns `params`; JAX: a new dict."""
+    if isinstance(state, _schedule_free.ScheduleFree):
+        state.train()
+    return params
 
 
 def run_trajectory(
