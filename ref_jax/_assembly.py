@@ -69,8 +69,11 @@ def split(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
     static["decoupled"] = name == "adamw" or bool(hp.get("decoupled_weight_decay", False))
     static.setdefault("eps_root", 0.0)
     static.setdefault("eps_hat", False)
-    if name == "rmsprop":  # decided at build time; set_hyperparams rebuilds when momentum is switched on
-        static["momentum_on"] = hp["momentum"] > 0
+    # decided at build time (no work, no buffer for what is off); set_hyperparams rebuilds when switched on
+    if name in ("rmsprop", "sgd"):
+        static["momentum_on"] = hp["momentum"] != 0
+    if "weight_decay" in hp:
+        static["decay_on"] = hp["weight_decay"] != 0
     return dynamic, static
 
 
@@ -160,23 +163,28 @@ def _check_rmsprop_buffers(state: OptimizerState, group: int, momentum: Any) -> 
                           f"buffer (torch.optim.RMSprop); set momentum > 0 before the first update")
 
 
-def _momentum_on(state: OptimizerState, group: int, momentum: Any) -> OptimizerState:
-    """An rmsprop group built without momentum carries no buffer (the plain step is as cheap as
-    optax.rmsprop's); switching momentum on rebuilds the group's plan with buffers. A traced value
-    (inside jit) might be > 0: rebuilt too (the buffer path then follows torch for any value)."""
-    plan = state.plan
-    if plan.cfg(group).get("momentum_on", True):
+SWITCHES = {"momentum": "momentum_on", "weight_decay": "decay_on"}  # hyper-parameter -> static flag
+
+
+def _switch_on(state: OptimizerState, group: int, key: str, value: Any) -> OptimizerState:
+    """A group built with weight_decay = 0 does no decay work, an rmsprop group built without
+    momentum carries no buffer (the plain step is as cheap as optax.rmsprop's): setting the value
+    non-zero rebuilds the group's plan (and adds the zero buffers). A traced value (inside jit) may
+    be non-zero: rebuilt too (the full path then follows torch for any value)."""
+    plan, flag = state.plan, SWITCHES.get(key)
+    if flag is None or plan.cfg(group).get(flag, True):
         return state
-    if not isinstance(momentum, jax.core.Tracer) and not float(momentum) > 0:
+    if not isinstance(value, jax.core.Tracer) and float(value) == 0:
         return state
     static = list(plan.static)
-    static[group] = tuple(sorted({**plan.cfg(group), "momentum_on": True}.items()))
+    static[group] = tuple(sorted({**plan.cfg(group), flag: True}.items()))
     new_plan = Plan(plan.names, plan.group_index, plan.shapes, plan.dtypes, plan.optimizers, plan.labels,
                     tuple(static))
     leaves = dict(state.leaves)
-    for name, gi in zip(plan.names, plan.group_index):
-        if gi == group:
-            leaves[name] = leaves[name]._replace(momentum_buffer=jnp.zeros_like(leaves[name].square_avg))
+    if flag == "momentum_on":  # zero buffers, not yet initialized: torch makes them at the next update
+        for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
+            if gi == group:
+                leaves[name] = leaves[name]._replace(momentum_buffer=jnp.zeros(shape, dtype))
     return OptimizerState(new_plan, state.hyperparams, leaves)
 
 
@@ -194,7 +202,7 @@ def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]
             value = value[1] if isinstance(value, (tuple, list)) else value
         if key == "momentum" and plan.optimizers[group] == "rmsprop":
             _check_rmsprop_buffers(state, group, value)
-            state = _momentum_on(state, group, value)
+        state = _switch_on(state, group, key, value)
         current[key] = _array(value, current[key])
     hps = list(state.hyperparams)
     hps[group] = current

@@ -37,7 +37,7 @@ class Delta(NamedTuple):
 
 class SGDState(NamedTuple):
     step: Any
-    momentum_buffer: Any
+    momentum_buffer: Any  # None for a group built without momentum (cfg["momentum_on"] false)
     initialized: Any  # torch creates the buffer at the first update with momentum != 0
 
 
@@ -87,7 +87,7 @@ INTERNAL_FIELDS = ("initialized",)  # not part of the neutral state
 
 
 def sgd_init(p: Any, cfg: Mapping[str, Any]) -> SGDState:
-    return SGDState(jnp.zeros([], jnp.int32), zeros(p), jnp.zeros([], bool))
+    return SGDState(jnp.zeros([], jnp.int32), zeros(p) if cfg["momentum_on"] else None, jnp.zeros([], bool))
 
 
 def _flag(x: Any, dtype: Any) -> Any:
@@ -96,12 +96,14 @@ def _flag(x: Any, dtype: Any) -> Any:
 
 def _finish(p: Any, step: Any, cfg: Mapping[str, Any]) -> Any:
     # torch's kernel ends with p + step: Delta when p itself is untouched, else the decayed p + step
-    return p + step if cfg["decoupled"] else Delta(step)
+    return p + step if cfg["decoupled"] and cfg.get("decay_on", True) else Delta(step)
 
 
 def sgd_update(g, s: SGDState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
+    if not cfg["momentum_on"]:  # built without momentum: torch's plain step, no buffer to carry
+        return _finish(p, coef(-hp["lr"], p) * g, cfg), SGDState(s.step + 1, None, s.initialized)
     mu = hp["momentum"]
     # buf ← a·buf + b·g with scalar a, b (one fused pass): steady (μ, 1 − dampening), torch's first
     # buffer g (0, 1), momentum 0 (1, 0: torch keeps no buffer update); x·1 + y·0 is x exactly.
@@ -110,7 +112,7 @@ def sgd_update(g, s: SGDState, p, hp, cfg):
     a = coef(mu, g) * (1 - first) * on + (1 - on)
     b = (coef(1 - hp["dampening"], g) * (1 - first) + first) * on
     buf = s.momentum_buffer * a + g * b
-    d = g + (coef(mu, g) * on) * buf if cfg["nesterov"] else buf * on + g * (1 - on)
+    d = g + (coef(mu, g) * on) * buf if cfg["nesterov"] else jnp.where(mu != 0, buf, g)  # a select, no flops
     return _finish(p, coef(-hp["lr"], p) * d, cfg), SGDState(s.step + 1, buf, s.initialized | (mu != 0))
 
 
@@ -126,7 +128,7 @@ def adam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
 
 def adam_update(g, s: AdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     m = lerp(s.m, g, 1 - b1)
@@ -152,7 +154,7 @@ def adam_update(g, s: AdamState, p, hp, cfg):
         else:
             denom = jnp.sqrt(second) / coef(jnp.sqrt(bc2), v) + eps
     step = (coef(-hp["lr"] / bc1, p) * m) / denom
-    return (p + step if cfg["decoupled"] else Delta(step)), AdamState(t, m, v, v_max, v_hat_max)
+    return _finish(p, step, cfg), AdamState(t, m, v, v_max, v_hat_max)
 
 
 # ------------------------------------------------------------------ rmsprop
@@ -166,7 +168,7 @@ def rmsprop_init(p: Any, cfg: Mapping[str, Any]) -> RMSpropState:
 
 def rmsprop_update(g, s: RMSpropState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     a = hp["alpha"]
     sq = s.square_avg * coef(a, g) + (coef(1 - a, g) * g) * g
     grad_avg = s.grad_avg
@@ -199,7 +201,7 @@ def adagrad_init(p: Any, cfg: Mapping[str, Any]) -> AdagradState:
 
 def adagrad_update(g, s: AdagradState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     t = s.step + 1
     clr = hp["lr"] / (1 + (float_count(t, hp) - 1) * hp["lr_decay"])
     acc = s.sum + g * g
@@ -220,7 +222,7 @@ def adamax_init(p: Any, cfg: Mapping[str, Any]) -> AdamaxState:
 
 def adamax_update(g, s: AdamaxState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     m = lerp(s.m, g, 1 - b1)
@@ -243,7 +245,7 @@ def nadam_init(p: Any, cfg: Mapping[str, Any]) -> NAdamState:
 
 def nadam_update(g, s: NAdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     tf = float_count(t, hp)
@@ -278,7 +280,7 @@ def radam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
 
 def radam_update(g, s: AdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     tf = float_count(t, hp)
@@ -295,7 +297,7 @@ def radam_update(g, s: AdamState, p, hp, cfg):
     on = _flag(rho > 5.0, p.dtype)  # rectified from rho_t > 5 (torch), else plain momentum
     step = m_hat * lr
     step = ((step * adaptive) * coef(rect, p)) * on + step * (1 - on)
-    return (p - step if cfg["decoupled"] else Delta(-step)), AdamState(t, m, v)
+    return _finish(p, -step, cfg), AdamState(t, m, v)
 
 
 # ------------------------------------------------------------------ lion
@@ -307,7 +309,7 @@ def lion_init(p: Any, cfg: Mapping[str, Any]) -> LionState:
 
 def lion_update(g, s: LionState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, True)
+    g, p = decay(g, p, hp, cfg, True)
     b1, b2 = hp["betas"]
     direction = jnp.sign(s.m * coef(b1, g) + coef(1 - b1, g) * g)
     m = s.m * coef(b2, g) + coef(1 - b2, g) * g
