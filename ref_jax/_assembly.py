@@ -117,10 +117,11 @@ def make(spec: OptimizerSpec, params: Mapping[str, Any]) -> tuple[optax.Gradient
 def fresh_state(plan: Plan, hyperparams: tuple[dict[str, Any], ...],
                 params: Mapping[str, Any] | None = None) -> OptimizerState:
     """The state before any update, with the given per-group hyper-parameters (state dtypes: those
-    of `params` when given, else the plan's)."""
+    of `params` when given, else the plan's). Schedule-free states start z at the given `params`
+    (torch makes it at the first update, from the parameter then: the same in every use here)."""
     leaves = {}
     for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
-        like = jnp.zeros(shape, params[name].dtype if params is not None else dtype)
+        like = jnp.asarray(params[name]) if params is not None else jnp.zeros(shape, dtype)
         leaves[name] = _elementwise.init(plan.optimizers[gi], like, plan.cfg(gi))
     return OptimizerState(plan, tuple({k: _array(v) for k, v in h.items()} for h in hyperparams), leaves)
 

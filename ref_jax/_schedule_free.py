@@ -1,10 +1,11 @@
 """Schedule-free AdamW and SGD for ref_jax (facebookresearch `schedulefree`), one parameter at a time.
 
-The twin of ref_torch._schedule_free: the package's reference formulation with the average x in
-the state, so that the evaluation point x and the gradient point y = β·x + (1−β)·z (the parameter
-during training) convert exactly both ways (`eval_point`, `train_point`). Counts are per parameter;
-`weight_sum` and `lr_max` are 0-d states (float64 for float64 parameters, else float32), the
-scalar arithmetic in the hyper-parameters' dtype. Equations: conformance/oracle/optimizers.py.
+The twin of ref_torch._schedule_free: the package's AdamWScheduleFree / SGDScheduleFree update with
+the parameter at the gradient point y and the average x implicit, x = (y − (1−β)·z)/β
+(`eval_point`, `train_point`: torch's lerp with weights 1 − 1/β and 1 − β). Counts are per
+parameter; `weight_sum` and `lr_max` are 0-d states (float64 for float64 parameters, else
+float32), the scalar arithmetic in the hyper-parameters' dtype. Equations:
+conformance/oracle/optimizers.py.
 """
 
 from __future__ import annotations
@@ -14,27 +15,21 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from ref_jax._kernels import coef, float_count, prepare, zeros
+from ref_jax._kernels import coef, float_count, lerp, prepare, zeros
 
 
 class ScheduleFreeState(NamedTuple):
     step: Any
     z: Any
-    x: Any
     weight_sum: Any
     lr_max: Any
     v: Any = None  # schedule_free_adamw's second moment (the package's exp_avg_sq)
 
 
-def _scalar(p: Any) -> Any:
-    return jnp.float64 if p.dtype == jnp.float64 else jnp.float32
-
-
 def _init(p: Any, adamw: bool) -> ScheduleFreeState:
-    # z and x start at the parameter of the first update: `init` sees zeros of its shape, so the
-    # first update (step == 0) takes them from p (see schedule_free_update)
-    s = jnp.zeros([], _scalar(p))
-    return ScheduleFreeState(jnp.zeros([], jnp.int32), zeros(p), zeros(p), s, s, zeros(p) if adamw else None)
+    # z starts at the parameter (init(params) sees the parameters; torch copies them at the first update)
+    s = jnp.zeros([], jnp.float64 if p.dtype == jnp.float64 else jnp.float32)
+    return ScheduleFreeState(jnp.zeros([], jnp.int32), jnp.array(p, copy=True), s, s, zeros(p) if adamw else None)
 
 
 def adamw_init(p: Any, cfg: Mapping[str, Any]) -> ScheduleFreeState:
@@ -50,15 +45,19 @@ def beta(hp: Mapping[str, Any]) -> Any:
     return hp["betas"][0] if "betas" in hp else hp["momentum"]
 
 
-def point(s: ScheduleFreeState, b: Any) -> Any:
-    """y = β·x + (1−β)·z, with the operations of torch's x.mul(β).add_(z, alpha=1 − β)."""
-    return s.x * coef(b, s.x) + coef(1 - b, s.z) * s.z
+def eval_point(y: Any, s: ScheduleFreeState, b: Any) -> Any:
+    """x = lerp(y, z, 1 − 1/β) (schedulefree's optimizer.eval())."""
+    return lerp(y, s.z.astype(y.dtype), 1 - 1 / b)
+
+
+def train_point(x: Any, s: ScheduleFreeState, b: Any) -> Any:
+    """y = lerp(x, z, 1 − β) (schedulefree's optimizer.train())."""
+    return lerp(x, s.z.astype(x.dtype), 1 - b)
 
 
 def update(g, s: ScheduleFreeState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    first = s.step == 0
-    z, x = jnp.where(first, p, s.z), jnp.where(first, p, s.x)
+    z = s.z.astype(p.dtype)
     t = s.step + 1
     tf = float_count(t, hp)
     warmup = cfg["warmup_steps"]
@@ -74,8 +73,8 @@ def update(g, s: ScheduleFreeState, p, hp, cfg):
         u = g / (jnp.sqrt(v / coef(1 - b2 ** tf, v)) + coef(hp["eps"], v))
     else:
         u = g
-    u = u + coef(hp["weight_decay"], p) * p  # the decay is taken at y, the parameter in training
-    z = z + coef(-lr, z) * u
-    x = x * coef(1 - c, x) + coef(c, z) * z
-    new = ScheduleFreeState(t, z, x, total.astype(s.weight_sum.dtype), lr_max.astype(s.lr_max.dtype), v)
-    return point(new, beta(hp)), new
+    if cfg.get("decay_on", True):
+        u = u + coef(hp["weight_decay"], p) * p  # the decay is taken at y, the parameter in training
+    y = lerp(p, z, c) + coef(lr * (beta(hp) * (1 - c) - 1), p) * u
+    z = z - coef(lr, z) * u
+    return y, ScheduleFreeState(t, z, total.astype(s.weight_sum.dtype), lr_max.astype(s.lr_max.dtype), v)

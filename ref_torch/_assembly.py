@@ -25,9 +25,9 @@ STATE_NAMES: dict[str, dict[str, str]] = {
     "lion": {"step": "step", "exp_avg": "m"},
     "adafactor": {"step": "step", "row_var": "row_var", "col_var": "col_var", "variance": "variance"},
     "muon": {"step": "step", "momentum_buffer": "momentum_buffer"},
-    "schedule_free_adamw": {"step": "step", "z": "z", "x": "x", "exp_avg_sq": "v", "weight_sum": "weight_sum",
+    "schedule_free_adamw": {"step": "step", "z": "z", "exp_avg_sq": "v", "weight_sum": "weight_sum",
                             "lr_max": "lr_max"},
-    "schedule_free_sgd": {"step": "step", "z": "z", "x": "x", "weight_sum": "weight_sum", "lr_max": "lr_max"},
+    "schedule_free_sgd": {"step": "step", "z": "z", "weight_sum": "weight_sum", "lr_max": "lr_max"},
 }
 STATE_NAMES["adamw"] = STATE_NAMES["adam"]
 

@@ -1,13 +1,12 @@
 """Schedule-free AdamW and SGD for ref_torch (facebookresearch `schedulefree`), per-parameter counts.
 
-The package's reference formulation (adamw_schedulefree_reference.py, sgd_schedulefree_reference.py)
-with the average x kept in the state, so that switching between the training point y (the
-parameter during training) and the evaluation point x is exact in both directions:
-`eval()` copies x into the parameters, `train()` recomputes y = β·x + (1−β)·z with the very
-operations `step()` uses. The package's own AdamWScheduleFree keeps y and z only and reaches x by
-interpolation (ulp-level differences); and it counts updates per parameter group, where twinstep
-counts them per parameter as torch.optim does (equal when every parameter has a gradient). The
-equations are those of conformance/oracle/optimizers.py.
+The package's AdamWScheduleFree / SGDScheduleFree update (y and z only: the parameter is the
+gradient point y, the average x is implicit), written over twinstep's per-parameter counts: the
+package counts updates per parameter group, twinstep per parameter as torch.optim does (equal
+when every parameter has a gradient). `eval()` moves the parameters to x = (y − (1−β)·z)/β
+(torch's lerp(y, z, 1 − 1/β)), `train()` back to y = lerp(x, z, 1 − β), as the package does; the
+round trip rounds, so the trainers make it at the same points of every run (evaluations and
+checkpoints), which keeps a resumed run bit for bit. Equations: conformance/oracle/optimizers.py.
 """
 
 from __future__ import annotations
@@ -20,13 +19,8 @@ from conformance.errors import InputError
 from ref_torch._elementwise import _Foreach
 
 
-def _scalar_dtype(p: torch.Tensor) -> torch.dtype:
-    # weight_sum and lr_max: 0-d tensors, float64 for float64 parameters (as NAdam's mu_product)
-    return torch.float64 if p.dtype == torch.float64 else torch.float32
-
-
 class ScheduleFree(_Foreach):
-    """The common part: averaging weights, warm-up, z/x/y sequences, train()/eval() swaps."""
+    """The common part: averaging weights, warm-up, the y and z sequences, train()/eval() switches."""
 
     BETA = "momentum"
 
@@ -35,9 +29,8 @@ class ScheduleFree(_Foreach):
         self.train_mode = True  # parameters hold y; eval() switches them to x
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        scalar = _scalar_dtype(p)
+        scalar = torch.float64 if p.dtype == torch.float64 else torch.float32  # as NAdam's mu_product
         return {"z": p.detach().clone(memory_format=torch.preserve_format),
-                "x": p.detach().clone(memory_format=torch.preserve_format),
                 "weight_sum": torch.zeros((), dtype=scalar), "lr_max": torch.zeros((), dtype=scalar)}
 
     def _beta(self, group: dict[str, Any]) -> float:
@@ -68,37 +61,33 @@ class ScheduleFree(_Foreach):
             u = self._direction(group, g, s, t)
             if wd != 0:
                 u = u.add(p, alpha=wd)  # the decay is taken at y, the parameter in training
-            s["z"].add_(u, alpha=-lr)
-            s["x"].mul_(1 - c).add_(s["z"], alpha=c)
-            p.copy_(self._point(s, beta))
-
-    @staticmethod
-    def _point(s: dict[str, Any], beta: float) -> torch.Tensor:
-        return s["x"].mul(beta).add_(s["z"], alpha=1 - beta)
+            p.lerp_(s["z"], c)
+            p.add_(u, alpha=lr * (beta * (1 - c) - 1))
+            s["z"].sub_(u, alpha=lr)
 
     @torch.no_grad()
-    def eval(self) -> None:
-        """Parameters ← x, the point to evaluate and save (schedulefree's optimizer.eval())."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if "x" in self.state.get(p, {}):
-                    p.copy_(self.state[p]["x"])
-        self.train_mode = False
-
-    @torch.no_grad()
-    def train(self) -> None:
-        """Parameters ← y = β·x + (1−β)·z, the gradient point (schedulefree's optimizer.train())."""
+    def _switch(self, to_x: bool) -> None:
         for group in self.param_groups:
             beta = self._beta(group)
             for p in group["params"]:
-                if "x" in self.state.get(p, {}):
-                    p.copy_(self._point(self.state[p], beta))
-        self.train_mode = True
+                if "z" in self.state.get(p, {}):
+                    p.lerp_(self.state[p]["z"], 1 - 1 / beta if to_x else 1 - beta)
+        self.train_mode = not to_x
+
+    def eval(self) -> None:
+        """Parameters ← x = lerp(y, z, 1 − 1/β), the point to evaluate and save (optimizer.eval())."""
+        if self.train_mode:
+            self._switch(to_x=True)
+
+    def train(self) -> None:
+        """Parameters ← y = lerp(x, z, 1 − β), the gradient point (schedulefree's optimizer.train())."""
+        if not self.train_mode:
+            self._switch(to_x=False)
 
 
 class ScheduleFreeAdamW(ScheduleFree):
-    """schedulefree.AdamWScheduleFree: u = g/(√(v/(1−β2ᵗ)) + ε) + wd·y, z ← z − lr_t·u, x ← (1−c)·x + c·z,
-    y = β1·x + (1−β1)·z."""
+    """schedulefree.AdamWScheduleFree: u = g/(√(v/(1−β2ᵗ)) + ε) + wd·y, y ← lerp(y, z, c) +
+    lr_t·(β1·(1−c) − 1)·u, z ← z − lr_t·u."""
 
     BETA = "betas"
 
@@ -120,7 +109,7 @@ class ScheduleFreeAdamW(ScheduleFree):
 
 
 class ScheduleFreeSGD(ScheduleFree):
-    """schedulefree.SGDScheduleFree: u = g + wd·y, z ← z − lr_t·u, x ← (1−c)·x + c·z, y = μ·x + (1−μ)·z."""
+    """schedulefree.SGDScheduleFree: u = g + wd·y, y ← lerp(y, z, c) + lr_t·(μ·(1−c) − 1)·u, z ← z − lr_t·u."""
 
     def __init__(self, params: Any, lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 0.0,
                  warmup_steps: int = 0, r: float = 0.0, weight_lr_power: float = 2.0) -> None:

@@ -209,8 +209,9 @@ def test_schedulefree_counts_updates_per_group() -> None:
 
 def test_schedulefree_eval_train_round_trip_is_not_bit_exact() -> None:
     """SF-EVAL: the package reaches x from y and z by interpolation (eval: lerp with weight 1 − 1/β1;
-    train: back with 1 − β1), which rounds: y after eval()+train() is not the y the update produced.
-    twinstep keeps x in the state (the reference formulation), so the switch is exact both ways."""
+    train: back with 1 − β1), which rounds: y after eval()+train() is not the y the update produced
+    (twinstep does the same; its trainers switch at the same points of every run, so that a resumed
+    run, which starts from the x of its checkpoint, continues bit for bit)."""
     sf = pytest.importorskip("schedulefree")
     rng = np.random.default_rng(0)
     p = torch.nn.Parameter(torch.tensor(rng.standard_normal(100)))
@@ -226,8 +227,8 @@ def test_schedulefree_eval_train_round_trip_is_not_bit_exact() -> None:
 
 
 def test_schedulefree_production_equals_its_reference() -> None:
-    """The package's AdamWScheduleFree (y and z only) and AdamWScheduleFreeReference (x kept, which
-    twinstep follows) agree to rounding in float64."""
+    """The package's AdamWScheduleFree (y and z only, which twinstep follows) and its
+    AdamWScheduleFreeReference (x kept) agree to rounding in float64."""
     sf = pytest.importorskip("schedulefree")
     out = []
     for cls in (sf.AdamWScheduleFree, sf.AdamWScheduleFreeReference):

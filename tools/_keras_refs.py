@@ -39,12 +39,16 @@ def keras_semantics(spec: dict[str, Any]) -> None:
         raise ValueError("sgd: Keras has no dampening")
 
 
-def keras_optimizer(spec: dict[str, Any]) -> Any:
+def keras_optimizer(spec: dict[str, Any], ema: dict[str, Any] | None = None) -> Any:
     import keras
 
     keras_semantics(spec)
     name = spec["name"]
     kw: dict[str, Any] = {"learning_rate": spec["lr"], "weight_decay": spec.get("weight_decay") or None}
+    if ema is not None:  # Keras's EMA is updated after every update from the first: every = 1, start = 0
+        if ema.get("every", 1) != 1 or ema.get("start", 0) != 0:
+            raise ValueError("Keras's use_ema has no every / start")
+        kw.update(use_ema=True, ema_momentum=ema["decay"])
     b1, b2 = spec.get("betas", (0.9, 0.999))
     if name == "sgd":
         kw.update(momentum=spec.get("momentum", 0.0), nesterov=spec.get("nesterov", False))
@@ -65,7 +69,9 @@ def keras_optimizer(spec: dict[str, Any]) -> Any:
 
 
 def run_keras(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None, objective: dict | None,
-              steps: int | None) -> tuple[list[dict], None]:
+              steps: int | None, ema: dict[str, Any] | None = None) -> tuple[list[dict], None] | list[dict]:
+    """The parameters after each update (and no state); with `ema`, the EMA after each update
+    instead (Keras's _model_variables_moving_average)."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
 
@@ -75,7 +81,7 @@ def run_keras(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
     if keras.backend.backend() != "jax":
         raise RuntimeError("the Keras reference runs on the JAX backend (KERAS_BACKEND=jax)")
     keras.config.set_floatx("float64")
-    opt = keras_optimizer(spec)
+    opt = keras_optimizer(spec, ema)
     if spec.get("no_weight_decay"):
         opt.exclude_from_weight_decay(var_names=[p.replace("*", "") for p in spec["no_weight_decay"]])
     names = list(params)
@@ -88,8 +94,9 @@ def run_keras(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
             g = [np.asarray(objective["curvature"][n]) * (np.asarray(v) - np.asarray(objective["center"][n]))
                  for n, v in zip(names, variables)]
         opt.apply_gradients(zip(g, variables))
-        out.append({n: np.asarray(v, np.float64).copy() for n, v in zip(names, variables)})
-    return out, None
+        values = opt._model_variables_moving_average if ema is not None else variables
+        out.append({n: np.asarray(v, np.float64).copy() for n, v in zip(names, values)})
+    return out if ema is not None else (out, None)
 
 
 _G = 0.01, np.arange(0.1, 1.1, 0.1)[:10]  # first gradient, then the same gradient four times

@@ -40,8 +40,9 @@ Schedule-free optimizers (facebookresearch `schedulefree`, its constructor names
 `schedule_free_adamw` (AdamWScheduleFree: lr 0.0025, betas, eps, weight_decay, warmup_steps, r,
 weight_lr_power) and `schedule_free_sgd` (SGDScheduleFree: lr 1.0, momentum 0.9, ...). The
 parameters they hold during training are the gradient point y; the point to evaluate and save is
-the average x (conformance/oracle/optimizers.py has the equations; the trainers switch to x before
-evaluating or saving, as the package's optimizer.eval() documents).
+the average x = (y − (1−β)·z)/β (conformance/oracle/optimizers.py has the equations; the trainers
+switch to x before evaluating or saving and back after, as the package's optimizer.eval() /
+train() document).
 
 Muon only updates 2-D parameters: every other parameter, and 2-D ones matched by
 `fallback_params`, is updated by `[optimizer.fallback]` (default: AdamW with torch's defaults), the
@@ -298,6 +299,9 @@ def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str |
     if hp.get("eps_hat") and hp.get("amsgrad") and hp.get("amsgrad_variant", "torch") != "torch":
         fail("eps_hat", f"is only defined with amsgrad_variant = 'torch' (Keras's AMSGrad keeps the max of the raw "
                         f"v); received amsgrad_variant = {hp['amsgrad_variant']!r}")
+    if name == "schedule_free_adamw" and hp.get("betas", _BETAS)[0] <= 0:
+        fail("betas", f"betas[0] must be > 0 for schedule_free_adamw (the evaluation point x = (y − (1 − β1)·z)/β1, "
+                      f"schedulefree's eval()); received {list(hp['betas'])}")
     if name == "schedule_free_sgd" and not 0.0 < hp.get("momentum", 0.9) < 1.0:
         fail("momentum", f"must be in (0, 1) for schedule_free_sgd (schedulefree.SGDScheduleFree); "
                          f"received {hp['momentum']}")

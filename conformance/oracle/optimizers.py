@@ -34,13 +34,14 @@ optimizer with decoupled_weight_decay) is p ← p·(1 − lr·wd) before the ste
              ns_dtype: X ← X/max(‖X‖_F, ε), then ns_steps × X ← aX + (bA + cA²)X with A = XXᵀ, on the
              wide orientation);  p ← p·(1 − lr·wd) − lr·s·O,  s = √max(1, rows/cols) ("original")
              or 0.2·√max(rows, cols) ("match_rms_adamw")
-    schedule_free_adamw, schedule_free_sgd (schedulefree's reference implementations; the
-             parameter is the gradient point y, z and x start at the first p):
+    schedule_free_adamw, schedule_free_sgd (schedulefree's AdamWScheduleFree / SGDScheduleFree; the
+             parameter is the gradient point y, z starts at the first p; β = β1 or momentum):
              lr_t = lr·min(1, t/warmup_steps);  lr_max ← max(lr_max, lr_t);
              w = t^r · lr_max^weight_lr_power;  weight_sum ← weight_sum + w;  c = w/weight_sum (0 if 0);
-             u = g/(√(v/(1−β2ᵗ)) + ε) with v ← β2·v + (1−β2)·g² (adamw) or u = g (sgd);
-             u ← u + wd·y;  z ← z − lr_t·u;  x ← (1−c)·x + c·z;  y = β·x + (1−β)·z
-             (β = β1 for adamw, momentum for sgd)
+             u = g/(√(v/(1−β2ᵗ)) + ε) with v ← β2·v + (1−β2)·g² (adamw) or u = g (sgd);  u ← u + wd·y;
+             y ← y + c·(z − y) + lr_t·(β·(1−c) − 1)·u;  z ← z − lr_t·u
+             (the reference's x ← (1−c)·x + c·z, y = β·x + (1−β)·z with x kept implicit: the
+             evaluation point is x = (y − (1−β)·z)/β, eval_point)
 
 A parameter without a gradient in an update is not updated and its state (including t) is left as
 it was; a parameter's state is created at its first update, as torch does. Zero-size parameters
@@ -54,7 +55,9 @@ from typing import Any
 
 import numpy as np
 
+from conformance.config.ema import EmaSpec
 from conformance.config.optimizer import ALWAYS_DECOUPLED, SCHEDULE_FREE, OptimizerSpec
+from conformance.oracle.ema import update_ema
 from conformance.rules.groups import group_of, resolve_groups
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
 
@@ -72,7 +75,7 @@ def init_state(optimizer: str, hp: Mapping[str, Any], p: np.ndarray) -> State:
     z = np.zeros_like(p)
     s: State = {"step": np.asarray(0, np.int64)}
     if optimizer in SCHEDULE_FREE:
-        s.update(z=p.copy(), x=p.copy(), weight_sum=np.asarray(0.0), lr_max=np.asarray(0.0))
+        s.update(z=p.copy(), weight_sum=np.asarray(0.0), lr_max=np.asarray(0.0))
         if optimizer == "schedule_free_adamw":
             s["v"] = z.copy()
         return s
@@ -243,9 +246,15 @@ def _schedule_free(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.n
     else:
         beta, u = hp["momentum"], g
     u = u + hp["weight_decay"] * p  # the decay is taken at y, the parameter in training
+    y = p + c * (s["z"] - p) + lr * (beta * (1 - c) - 1) * u
     s["z"] = s["z"] - lr * u
-    s["x"] = (1 - c) * s["x"] + c * s["z"]
-    return beta * s["x"] + (1 - beta) * s["z"]
+    return y
+
+
+def eval_point(optimizer: str, hp: Mapping[str, Any], y: np.ndarray, s: State) -> np.ndarray:
+    """Schedule-free: the evaluation point x = (y − (1−β)·z)/β of a parameter at y with state s."""
+    beta = hp["betas"][0] if optimizer == "schedule_free_adamw" else hp["momentum"]
+    return (y - (1 - beta) * s["z"]) / beta
 
 
 def newton_schulz(x: np.ndarray, coefficients: tuple[float, float, float], steps: int, eps: float,
@@ -299,9 +308,11 @@ def run_trajectory(
     steps: int | None = None,
     dtype: str = "float64",
     state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    ema: EmaSpec | None = None,
 ) -> dict[str, Any]:
     """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
-    state after each update]}. Gradients are given per update (a parameter missing from an
+    state after each update], "ema": [the weights' EMA after each update, None before it starts]
+    (with `ema`, an [ema] spec)}. Gradients are given per update (a parameter missing from an
     update's table has no gradient there) or come from `objective` (quadratic) for `steps`
     updates; `state` is a neutral state ({param: {name: array}}) to start from."""
     n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
@@ -310,7 +321,7 @@ def run_trajectory(
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
     states: dict[str, State] = {k: {n_: np.asarray(a, np.float64) if n_ != "step" else np.asarray(a, np.int64)
                                     for n_, a in v.items()} for k, v in (state or {}).items()}
-    out_params, out_state = [], []
+    out_params, out_state, out_ema, average = [], [], [], None
     for k in range(n):
         gk = grads[k] if grads is not None else objective_grads(objective, p)
         for name, g in gk.items():
@@ -324,4 +335,7 @@ def run_trajectory(
                                            np.asarray(g, np.float64), st, dtype)
         out_params.append({name: v.copy() for name, v in p.items()})
         out_state.append({name: {n_: a.copy() for n_, a in st.items()} for name, st in states.items()})
-    return {"params": out_params, "state": out_state}
+        if ema is not None and ema.enabled:
+            average = update_ema(ema, average, p, k)
+            out_ema.append(None if average is None else {name: v.copy() for name, v in average.items()})
+    return {"params": out_params, "state": out_state, "ema": out_ema}

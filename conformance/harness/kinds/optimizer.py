@@ -8,6 +8,8 @@
                   state = { w = { step = 1000000, m = [...], v = [...] } }   # optional start state
     [expected]    params = [ {...after update 0...}, {...after update 1...}, ... ]
                   state = [ { w = { m = [...], v = [...], step = 1 } }, ... ]  # optional, neutral names
+                  ema = [ {...EMA after update 0...}, ... ]   # optional, with an [ema] table
+                  # ({} for an update after which the EMA has not started yet)
 
 A parameter missing from an update's `grads` table has no gradient in that update (torch: `grad is
 None`): it is not updated and its state, update count included, stays as it was; an empty table
@@ -47,6 +49,7 @@ class Inputs(CaseTable):
 class Expected(CaseTable):
     params: list[ParamSet]
     state: list[NeutralState] | None = None
+    ema: list[ParamSet] | None = None
 
 
 def _updates(inputs: Inputs) -> int:
@@ -68,6 +71,8 @@ def check_case(case: Case) -> None:
         raise ValueError(f"expected.params has {len(exp.params)} entries for {n} updates")
     if exp.state is not None and len(exp.state) != n:
         raise ValueError(f"expected.state has {len(exp.state)} entries for {n} updates")
+    if exp.ema is not None and (len(exp.ema) != n or "ema" not in case.sections or not case.sections["ema"].enabled):
+        raise ValueError(f"expected.ema needs an [ema] table with a decay and one entry per update ({n})")
     shapes = {k: v.shape for k, v in case.inputs.params.items()}
     for i, table in enumerate(exp.params):
         for name, value in table.items():
@@ -105,7 +110,10 @@ def arrays(case: Case) -> dict[str, Any]:
 
 def run(case: Case, backend: Backend) -> dict[str, Any]:
     fn = backend.function("optimizers", "run_trajectory")
-    out = fn(case.sections["optimizer"], dtype=case.dtype, **arrays(case))
+    extra = {"ema": case.sections["ema"]} if case.expected.ema is not None else {}
+    out = fn(case.sections["optimizer"], dtype=case.dtype, **arrays(case), **extra)
+    if "ema" in extra:  # not started yet: an empty table, as the case writes it
+        out["ema"] = [e or {} for e in out["ema"]]
     return {k: out[k] for k in expected_values(case)}
 
 
@@ -114,4 +122,6 @@ def expected_values(case: Case) -> dict[str, Any]:
     values: dict[str, Any] = {"params": exp.params}
     if exp.state is not None:
         values["state"] = exp.state
+    if exp.ema is not None:
+        values["ema"] = exp.ema
     return values
