@@ -21,11 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from conformance.checkpoint import check_tensors
 from conformance.config.ema import EmaSpec
 from conformance.rules.ema import ema_dtype
 from ref_jax._kernels import lerp
 
 __all__ = ["EmaState", "export_ema", "import_ema", "init_ema", "update_ema"]
+
+
+def _dtype(w: Any) -> str:
+    return jnp.dtype(w.dtype).name
 
 
 class EmaState(NamedTuple):
@@ -64,7 +69,10 @@ def export_ema(state: EmaState | None) -> dict[str, np.ndarray] | None:
 
 
 def import_ema(state: EmaState, weights: Mapping[str, np.ndarray] | None) -> EmaState:
-    """`state` with the EMA weights of a checkpoint (None: not started). Torch: copied in place."""
+    """`state` with the EMA weights of a checkpoint (None: not started). Torch: copied in place.
+    Names, shapes and dtypes must match the EMA's (CheckpointError naming the tensor, e.g. 'ema/w')."""
+    if weights is not None:
+        check_tensors({n: (tuple(w.shape), _dtype(w)) for n, w in state.weights.items()}, dict(weights), "ema/")
     if weights is None:
         return EmaState(state.weights, jnp.asarray(False))
     new = {n: jnp.asarray(np.asarray(weights[n])).astype(w.dtype) for n, w in state.weights.items()}

@@ -20,11 +20,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from conformance.checkpoint import check_tensors
 from conformance.config.ema import EmaSpec
 from conformance.rules.ema import ema_dtype
 from ref_torch.backend import framework_dtype
 
 __all__ = ["EmaState", "export_ema", "import_ema", "init_ema", "update_ema"]
+
+
+def _dtype(w: Any) -> str:
+    return str(w.dtype).removeprefix("torch.")
 
 
 class EmaState(NamedTuple):
@@ -42,7 +47,7 @@ def init_ema(spec: EmaSpec, params: Mapping[str, Any]) -> EmaState | None:
     for name, p in params.items():
         dtype = framework_dtype(ema_dtype(str(p.dtype).removeprefix("torch.")))
         weights[name] = torch.zeros(p.shape, dtype=dtype, device=p.device)
-    return EmaState(weights, False)
+    return EmaState(weights, torch.zeros((), dtype=torch.bool))  # a tensor: set in place
 
 
 def update_ema(spec: EmaSpec, state: EmaState, params: Mapping[str, Any], due: Any) -> EmaState:
@@ -54,11 +59,12 @@ def update_ema(spec: EmaSpec, state: EmaState, params: Mapping[str, Any], due: A
     ema = [state.weights[n] for n in names]
     with torch.no_grad():
         current = [params[n].detach().to(e.dtype) for n, e in zip(names, ema)]
-        if not state.started:
+        if not bool(state.started):
             torch._foreach_copy_(ema, current)
         else:
-            torch._foreach_lerp_(ema, current, 1.0 - float(spec.decay))
-    return EmaState(state.weights, True)
+            torch._foreach_lerp_(ema, current, 1.0 - float(spec.decay))  # type: ignore[arg-type]
+        state.started.fill_(True)
+    return state
 
 
 def export_ema(state: EmaState | None) -> dict[str, np.ndarray] | None:
@@ -69,10 +75,13 @@ def export_ema(state: EmaState | None) -> dict[str, np.ndarray] | None:
 
 
 def import_ema(state: EmaState, weights: Mapping[str, np.ndarray] | None) -> EmaState:
-    """`state` with the EMA weights of a checkpoint (None: not started). Torch: copied in place."""
-    if weights is None:
-        return EmaState(state.weights, False)
+    """`state` with the EMA weights of a checkpoint (None: not started). Torch: copied in place.
+    Names, shapes and dtypes must match the EMA's (CheckpointError naming the tensor, e.g. 'ema/w')."""
+    if weights is not None:
+        check_tensors({n: (tuple(w.shape), _dtype(w)) for n, w in state.weights.items()}, dict(weights), "ema/")
     with torch.no_grad():
+        state.started.fill_(weights is not None)
         for name, w in state.weights.items():
-            w.copy_(torch.as_tensor(np.asarray(weights[name])).to(w.dtype))
-    return EmaState(state.weights, True)
+            if weights is not None:
+                w.copy_(torch.as_tensor(np.asarray(weights[name])).to(w.dtype))
+    return state

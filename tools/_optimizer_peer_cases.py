@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from _keras_refs import GOLDENS, golden_inputs
 
 
