@@ -65,10 +65,11 @@ import numpy as np
 
 from conformance.config import Config, load_config
 from conformance.errors import UnsupportedError
+from conformance.events import Events, notify
+from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
-from conformance.events import Events, notify
 from conformance.run.records import (
     EvalTotals,
     add_eval,
@@ -84,6 +85,8 @@ from ref_jax._parallel import placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import pad_rows
+from ref_jax.ema import update_ema
+from ref_jax.optimizers import to_eval_point
 from ref_jax.precision import numerics_context
 
 __all__ = ["train"]
@@ -124,6 +127,8 @@ def _loop(run: Run) -> TrainResult:
     place = placement(config.run.device)
     parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned)
     state, key = ts.initial_state(parts, run, place)
+    average = ts.initial_ema(config, parts.params, run, place)
+    ema_step = jax.jit(lambda a, p, due: update_ema(config.ema, a, p, due), donate_argnums=(0,))
     step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place)
     check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
     plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
@@ -142,6 +147,8 @@ def _loop(run: Run) -> TrainResult:
         window, arrays, data_s = prepared
         t0 = time.perf_counter()
         state, out = step(state, arrays, np.int32(t), tables, key)
+        if average is not None:  # on the device, after the step: due unless the update was skipped
+            average = ema_step(average, state.update.params, ema_due(config.ema, t) & ~out.info.skipped)
         notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
         prepared = _prepare(run, parts, place, t + 1) if t + 1 < run.planned else None
@@ -158,7 +165,8 @@ def _loop(run: Run) -> TrainResult:
         val_loss = None
         if eval_due(run, t):
             evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place)
-            record = eval_record(t, _evaluate(run, parts, place, evaluate, state))
+            record = eval_record(t, _evaluate(run, parts, place, evaluate, _evaluation_params(config, state, average)))
+            state = ts.round_trip(state)
             val_loss = record["val_loss"]
             best = run.counters.best_val_loss
             if np.isfinite(val_loss) and (best is None or val_loss < best):
@@ -169,7 +177,8 @@ def _loop(run: Run) -> TrainResult:
                 plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
                 tables = place.put_replicated(ts.plateau_tables(parts, plateau))
         if checkpoint_due(run, t):
-            last = ts.save(run, place, state, key, t + 1, val_loss, plateau)
+            last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
+            state = ts.round_trip(state)
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
 
@@ -195,13 +204,20 @@ def _prepare(run: Run, parts: ts.Parts, place: Any, t: int) -> tuple[Any, dict[s
     return window, placed, time.perf_counter() - t0
 
 
-def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, state: Any) -> EvalTotals:
+def _evaluation_params(config: Config, state: Any, average: Any) -> Any:
+    """The EMA's weights with [ema] evaluate (once started), else a schedule-free optimizer's x."""
+    if config.ema.evaluate and average is not None and bool(average.started):
+        return {n: w.astype(state.update.params[n].dtype) for n, w in average.weights.items()}
+    return to_eval_point(state.update.opt_state, state.update.params)
+
+
+def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, params: Any) -> EvalTotals:
     """Σ loss sums / Σ counts over every validation sample, and accuracy for classification."""
     total = EvalTotals()
     layout = parts.layout
     for batch in run.data.val_batches():
         arrays = pad_rows(batch.x, batch.y, parts.eval_rows, layout.x_dtype, layout.y_dtype)
-        sums = jax.device_get(evaluate(state.update.params, place.put_batch(arrays, axis=0)))
+        sums = jax.device_get(evaluate(params, place.put_batch(arrays, axis=0)))
         total = add_eval(total, float(sums.loss_sum), float(sums.count), int(sums.correct), int(sums.predictions))
     return total
 

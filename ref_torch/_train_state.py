@@ -1,6 +1,7 @@
 """The torch trainer's checkpoint content: capture and restore every piece of a run's state.
 
-Saved (docs/contract.md §5, reliability.md §3.4's checklist): model parameters; optimizer state in the
+Saved (docs/contract.md §5, reliability.md §3.4's checklist): model parameters (a schedule-free
+optimizer's evaluation point x, as its package documents); the weights' EMA ([ema]); optimizer state in the
 neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
 (counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t); a
 reduce_on_plateau scheduler gets its neutral state back with restore_plateau); the
@@ -27,23 +28,40 @@ from ref_torch import _parallel as ddp
 from ref_torch._schedules import MetricPlateau, load_plateau
 from ref_torch.backend import describe
 from ref_torch.checkpoint import load_model_state, model_state, restore_rng
-from ref_torch.optimizers import export_state, import_state
+from ref_torch.ema import export_ema, import_ema
+from ref_torch.optimizers import (
+    export_state,
+    import_state,
+    to_eval_point,
+    to_train_point,
+)
 from ref_torch.precision import LossScaler, SkipState
 
 
 class Objects(NamedTuple):
-    """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer
-    and the loss scaler."""
+    """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer,
+    the loss scaler and the weights' EMA (ref_torch.ema.EmaState, None without [ema])."""
 
     model: Any
     optimizer: Any
     scaler: LossScaler
+    ema: Any = None
 
 
 def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.device,
                     val_loss: float | None = None, plateau: dict[str, Any] | None = None) -> Path | None:
     """Save the state after `updates_done` updates (`plateau`: reduce_on_plateau's neutral state).
-    Collective: every rank calls it (RNG gather); rank 0 writes."""
+    Collective: every rank calls it (RNG gather); rank 0 writes. A schedule-free optimizer's
+    parameters are saved at x and moved back after."""
+    to_eval_point(objs.optimizer, None)
+    try:
+        return _save(run, updates_done, objs, device, val_loss, plateau)
+    finally:
+        to_train_point(objs.optimizer, None)
+
+
+def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_loss: float | None,
+          plateau: dict[str, Any] | None) -> Path | None:
     rng, rng_meta = capture_rng(device)
     per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
     sharded = _fsdp.is_sharded(objs.model)
@@ -57,7 +75,8 @@ def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.de
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
     meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng, plateau)
     return records.save(run, updates_done, weights if weights is not None else model_state(objs.model),
-                         opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss)
+                         opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss,
+                         ema=export_ema(objs.ema))
 
 
 def capture_rng(device: torch.device) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -82,9 +101,13 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     state, meta = checkpoint.state, checkpoint.state.meta or {}
     where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
+    to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
     (_fsdp.load_model_state if sharded else load_model_state)(objs.model, state.model)
     neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
     (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
+    to_train_point(objs.optimizer, None)
+    if objs.ema is not None:
+        import_ema(objs.ema, state.ema)
     if objs.scaler.enabled:
         saved = meta.get("loss_scale")
         if not isinstance(saved, dict):

@@ -52,20 +52,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from conformance.config import Config, load_config
-from conformance.errors import TwinstepError
-from conformance.rules.inputs import INDEX_LOSSES
+from conformance.errors import TwinstepError, UnsupportedError
+from conformance.events import Events, notify
 from conformance.rules import plateau
+from conformance.rules.ema import ema_due
+from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
-from conformance.events import Events, notify
 from conformance.run.records import (
     EvalTotals,
     checkpoint_due,
@@ -81,9 +83,10 @@ from ref_torch import _runtime as rt
 from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_state
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
+from ref_torch.ema import init_ema, update_ema
 from ref_torch.losses import LossOutput, compute_loss
 from ref_torch.models import build_model, named_parameters
-from ref_torch.optimizers import build_optimizer
+from ref_torch.optimizers import build_optimizer, to_eval_point, to_train_point
 from ref_torch.precision import LossScaler, autocast, init_skip_state, numerics_context
 
 __all__ = ["train"]
@@ -149,7 +152,10 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel)  # FSDP shards `model` in place
     params = named_parameters(model)
     optimizer = build_optimizer(config.optimizer, params.items())
-    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device))
+    if config.ema.enabled and _fsdp.is_sharded(model):
+        raise UnsupportedError("[ema] with run.parallel = 'fsdp' is not supported yet (the EMA of sharded "
+                               "parameters); use 'ddp'")
+    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), init_ema(config.ema, params))
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
     check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
@@ -177,6 +183,8 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
         loss_fn = _loss_fn(config, forward, run.world_size, injected(config, t), t, run.events)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
+        if objs.ema is not None and not info.skipped:
+            update_ema(config.ema, objs.ema, params, ema_due(config.ema, t))
         t2 = time.perf_counter()
         run.counters = advance(run.counters, info.skipped, info.schedule_advanced)
         losses.append(info.loss)
@@ -185,7 +193,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
                      **throughput_extras(config, run, window, t2 - t0, name)}
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
-        record = _maybe_evaluate(config, run, model, device, pdtype, t)
+        record = _maybe_evaluate(config, run, objs, device, pdtype, t)
         observing = isinstance(scheduler, MetricPlateau)
         if observing and record is not None:
             scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
@@ -243,11 +251,12 @@ def _loss_fn(config: Config, forward: Any, world: int, inject: bool, update: int
     return loss_fn
 
 
-def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,
+def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
                     t: int) -> dict[str, Any] | None:
     if not eval_due(run, t):
         return None
-    record = eval_record(t, _evaluate(config, run, model, device, dtype))
+    with _evaluation_weights(config, objs):
+        record = eval_record(t, _evaluate(config, run, objs.model, device, dtype))
     val = record["val_loss"]
     best = run.counters.best_val_loss
     if math.isfinite(val) and (best is None or val < best):
@@ -255,6 +264,31 @@ def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, 
     if run.metrics is not None:
         run.metrics.log_eval(record)
     return record
+
+
+@contextmanager
+def _evaluation_weights(config: Config, objs: Any) -> Iterator[None]:
+    """The weights an evaluation sees: the EMA's with [ema] evaluate (once it has started), else a
+    schedule-free optimizer's x (to_eval_point); the training weights come back after."""
+    params = named_parameters(objs.model)
+    use_ema = config.ema.evaluate and objs.ema is not None and bool(objs.ema.started)
+    if not use_ema:
+        to_eval_point(objs.optimizer, params)
+        try:
+            yield
+        finally:
+            to_train_point(objs.optimizer, params)
+        return
+    with torch.no_grad():
+        kept = {n: p.detach().clone() for n, p in params.items()}
+        for n, p in params.items():
+            p.copy_(objs.ema.weights[n])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(kept[n])
 
 
 def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:

@@ -55,6 +55,16 @@ OPTIMIZERS = {
     "adafactor": {"name": "adafactor", "lr": 0.01, "weight_decay": 0.1},
     "muon-bfloat16": {"name": "muon", "lr": 0.01},
     "muon-float64": {"name": "muon", "lr": 0.01, "ns_dtype": "float64", "fallback": {"name": "sgd", "lr": 0.1}},
+    "sgd-decoupled": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.1, "decoupled_weight_decay": True},
+    "rmsprop-decoupled": {"name": "rmsprop", "lr": 0.01, "weight_decay": 0.2, "decoupled_weight_decay": True,
+                          "eps_in_sqrt": True},
+    "adagrad-decoupled": {"name": "adagrad", "lr": 0.1, "lr_decay": 0.05, "weight_decay": 0.1,
+                          "decoupled_weight_decay": True},
+    "adamax-decoupled": {"name": "adamax", "lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True},
+    "adam-eps-hat": {"name": "adam", "lr": 0.01, "eps": 0.1, "eps_hat": True, "weight_decay": 0.1},
+    "adamw-eps-hat-amsgrad": {"name": "adamw", "lr": 0.01, "eps": 0.1, "eps_hat": True, "amsgrad": True},
+    "schedule-free-adamw": {"name": "schedule_free_adamw", "lr": 0.01, "warmup_steps": 3, "weight_decay": 0.1},
+    "schedule-free-sgd": {"name": "schedule_free_sgd", "lr": 0.1, "warmup_steps": 2, "weight_lr_power": 1.0},
 }
 SCHEDULES = {
     "constant-factor": {"name": "constant", "factor": 0.5, "total_iters": 3},
@@ -265,3 +275,27 @@ def test_to_code_is_the_python_entry_point() -> None:
     assert to_code(config, "torch") == torch_code(config) and to_code(config, "optax") == optax_code(config)
     with pytest.raises(ConfigError, match="framework must be 'torch' or 'optax'"):
         to_code(config, "tensorflow")
+
+
+def test_snippets_keep_the_weights_ema() -> None:
+    """[ema] in both snippets (torch: AveragedModel with get_ema_multi_avg_fn; optax: the state's
+    ema): after every update, the oracle's rule over the snippet's own weights, skipped updates
+    (poisoned windows) changing nothing."""
+    from conformance.oracle.ema import update_ema
+    from conformance.rules.ema import ema_due
+
+    config = load_config({"optimizer": {"name": "adamw", "lr": 0.05}, "precision": F64,
+                          "ema": {"decay": 0.8, "every": 2, "start": 1}})
+    values = _values(config)
+    windows = gradient_stream(SHAPES, 8, poison=(3,))
+    for framework, backend, make in (("torch", "torch", torch_code), ("optax", "jax", optax_code)):
+        with Backend(backend).context():
+            trace = run_snippet(framework, make(config, "test", 1), config, values, windows)
+        average = None
+        for t, (params, skipped, got) in enumerate(zip(trace.params, trace.skipped, trace.ema)):
+            if not skipped and ema_due(config.ema, t):
+                average = update_ema(config.ema, average, params, t)
+            assert (got is None) == (average is None), f"{framework} update {t}"
+            for k in params if got is not None else ():
+                np.testing.assert_allclose(got[k], average[k], rtol=1e-13, atol=1e-15, err_msg=f"{framework} {t} {k}")
+        assert trace.skipped[3] and average is not None

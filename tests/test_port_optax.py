@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 
-import optax
 import pytest
 
 from conformance.config import load_config
@@ -92,6 +91,13 @@ DESCRIPTIONS = {
         {"exponential_decay": {"init_value": 0.1, "transition_steps": 1, "decay_rate": 0.8}}], "boundaries": [5]}}),
     "warmup-cosine-from-above": lr({"warmup_cosine_decay_schedule": {"init_value": 0.2, "peak_value": 0.05,
                                                                      "warmup_steps": 3, "decay_steps": 10}}),
+    "sgd-decoupled": {"chain": [{"trace": {"decay": 0.9}}, {"add_decayed_weights": {"weight_decay": 0.1}},
+                                {"scale_by_learning_rate": {"learning_rate": 0.05}}]},
+    "adamax-decoupled": {"chain": [{"scale_by_adamax": {}}, {"add_decayed_weights": {"weight_decay": 0.2}},
+                                   {"scale_by_learning_rate": {"learning_rate": 0.01}}]},
+    "schedule-free-adamw": {"schedule_free_adamw": {"learning_rate": 0.01, "weight_decay": 0.1, "b1": 0.8}},
+    "schedule-free-sgd": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
+                                    {"schedule_free_sgd": {"learning_rate": 0.1, "weight_lr_power": 1.0}}]},
 }
 
 
@@ -184,8 +190,10 @@ def test_a_description_without_an_optax_table_is_refused() -> None:
 
 @pytest.mark.parametrize("name", sorted(set(TRANSFORMS) | set(SCHEDULES)))
 def test_argument_tables_match_optax_signatures(name: str) -> None:
+    import optax.contrib
+
     table = TRANSFORMS.get(name) or SCHEDULES[name]
-    params = inspect.signature(getattr(optax, name)).parameters
+    params = inspect.signature(getattr(optax, name, None) or getattr(optax.contrib, name)).parameters
     assert list(table) == list(params), name
     for key, default in table.items():
         want = params[key].default

@@ -5,7 +5,7 @@ parameters, optimizer state, loss scale, counters and every metrics line.
 The run (tests/support/resume.py): a tiny character-level gpt with dropout (torch: the torch RNG
 matters; JAX: keys fold_in(key(run.seed), update)), AdamW, warm-up + cosine, clipping,
 token-normalized accumulation of 2, dynamic loss scaling with injected overflows (the scale and skip
-counters change), a checkpoint every 4 updates with retention. 40 updates: it crosses two epoch
+counters change), a weights' EMA ([ema], evaluations on it), a checkpoint every 4 updates with retention. 40 updates: it crosses two epoch
 boundaries (17 updates an epoch).
 
 - Real processes: `python -m conformance train` is killed with SIGKILL at a random moment after
@@ -20,7 +20,7 @@ boundaries (17 updates an epoch).
 - In-process resumes from the reference run cut back to its checkpoint after 20 updates: the plain
   resume equals the reference (so in-process and subprocess runs are the same bits), and the
   negative controls: a resume that forgets the model, the optimizer state, the loss scale, the
-  schedule position or the data position fails the same check; forgetting the RNG fails it for torch
+  schedule position, the data position or the weights' EMA fails the same check; forgetting the RNG fails it for torch
   (dropout masks come from the restored generator) and changes nothing for JAX, whose randomness is
   a pure function of run.seed and the update.
 """
@@ -308,7 +308,7 @@ def test_in_process_resume_is_bit_exact(reference: Reference, tmp_path: Path, mo
 
 
 @each_side(("forget",), lambda s: [(piece, (piece,)) for piece in ("model", "optimizer", "loss_scale", "schedule",
-                                                                  "data")])
+                                                                  "data", "ema")])
 def test_resume_that_forgets_state_is_caught(reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              forget: str) -> None:
     assert resume_in_process(reference, tmp_path, monkeypatch, forget) != []

@@ -2,7 +2,8 @@
 
 - `format`: the directory layout, atomic save, verification before parsing, retention, fallback;
 - `files`: durable writes and refusing reads, safetensors and strict JSON without pickle;
-- `rng`: host generators (Python, NumPy) and every rank's generator states as tensors + JSON.
+- `rng`: host generators (Python, NumPy) and every rank's generator states as tensors + JSON;
+- `ema`: the weights' EMA of a checkpoint, for export (`ema_weights`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@
         rng.safetensors             "rng/<name>": generator states as uint8/uint32 tensors
         state.json                  counters, optimizer step, scheduler, loss scale, data position, RNG metadata
         config.toml                 the resolved config
+        ema.safetensors             "ema/<param>": the weights' EMA, when the run keeps one ([ema])
         manifest.json               written last: every file's size and sha256, format version,
                                     library versions, config hash, update count
 
@@ -52,7 +53,7 @@ class TrainingState(NamedTuple):
     """Everything a checkpoint holds. `update`: updates completed. `model`: {name: array}.
     `optimizer`: {param: {state_name: array}} (neutral names). `rng`: {name: uint8/uint32 array}.
     `meta`: JSON-able counters and states (optimizer step, scheduler, loss scale, data position,
-    RNG metadata ...). `config`: the resolved config as TOML text."""
+    RNG metadata ...). `config`: the resolved config as TOML text. `ema`: the weights' EMA or None."""
 
     update: int
     model: dict[str, np.ndarray]
@@ -60,6 +61,7 @@ class TrainingState(NamedTuple):
     rng: dict[str, np.ndarray] | None = None
     meta: dict[str, Any] | None = None
     config: str = ""
+    ema: dict[str, np.ndarray] | None = None
 
 
 class Checkpoint(NamedTuple):
@@ -131,6 +133,8 @@ def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: di
         "state.json": io.encode_json(state.meta or {}, "checkpoint meta"),
         "config.toml": state.config.encode("utf-8"),
     }
+    if state.ema is not None:
+        payload["ema.safetensors"] = io.encode_tensors({f"ema/{k}": v for k, v in state.ema.items()}, "ema")
     final = directory / step_name(state.update)
     tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(mode=io.DIR_MODE)
@@ -264,7 +268,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config = data["config.toml"].decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
-    return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config))
+    ema = (_strip_prefix(io.decode_tensors(data["ema.safetensors"], path / "ema.safetensors"), "ema/",
+                         path / "ema.safetensors") if "ema.safetensors" in data else None)
+    return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config, ema))
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:

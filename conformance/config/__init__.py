@@ -21,6 +21,7 @@ from conformance.config.base import Section, validate
 from conformance.config.checkpoint import CheckpointSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.data import DataSpec
+from conformance.config.ema import EmaSpec
 from conformance.config.loss import LossSpec
 from conformance.config.model import ModelSpec
 from conformance.config.optimizer import GroupSpec, OptimizerSpec
@@ -30,7 +31,7 @@ from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError
 
 __all__ = [
-    "AccumulationSpec", "CheckpointSpec", "ClipSpec", "Config", "DataSpec", "GroupSpec", "LossSpec",
+    "AccumulationSpec", "CheckpointSpec", "ClipSpec", "Config", "DataSpec", "EmaSpec", "GroupSpec", "LossSpec",
     "ModelSpec", "OptimizerSpec", "PrecisionSpec", "RunSpec", "ScheduleSpec", "SECTIONS",
     "apply_overrides", "dump_config", "load_config", "load_toml", "parse_value",
 ]
@@ -51,6 +52,7 @@ class Config(Section):
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run: RunSpec = Field(default_factory=RunSpec)
+    ema: EmaSpec = Field(default_factory=EmaSpec)
 
     @model_validator(mode="after")
     def _check_sections_together(self) -> "Config":

@@ -91,12 +91,14 @@ def checkpoint_meta(run: Run, updates_done: int, optimizer_step: int, loss_scale
 
 
 def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str, Any], rng: dict[str, Any],
-         meta: dict[str, Any], versions: dict[str, Any], val_loss: float | None = None) -> Path | None:
-    """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention."""
+         meta: dict[str, Any], versions: dict[str, Any], val_loss: float | None = None,
+         ema: dict[str, Any] | None = None) -> Path | None:
+    """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention; `ema`:
+    the weights' EMA ([ema]; None before it starts)."""
     if not run.is_main:
         return None
     spec = run.config.checkpoint
-    state = ckpt.TrainingState(updates_done, model, optimizer, rng, meta, dump_config(run.config))
+    state = ckpt.TrainingState(updates_done, model, optimizer, rng, meta, dump_config(run.config), ema)
     return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val_loss,
                                 world_size=run.world_size, keep_last=spec.keep_last, keep_best=spec.keep_best,
                                 events=run.events)

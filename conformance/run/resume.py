@@ -20,7 +20,7 @@ from conformance.run.counters import Counters
 RESUMABLE_CHANGES: tuple[str, ...] = (
     "run.epochs", "run.max_updates", "run.device", "run.log_every", "run.eval_every", "run.compile",
     "run.progress", "run.tensorboard", "run.deterministic", "run.parallel", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
-    "checkpoint.keep_best", "checkpoint.allow_fallback",
+    "checkpoint.keep_best", "checkpoint.allow_fallback", "ema.evaluate",
 )
 
 
@@ -36,8 +36,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(saved_toml: str, config: Config) -> list[str]:
-    """Dotted fields whose value differs between a checkpoint's config and `config`."""
-    before = _flatten(tomllib.loads(saved_toml))
+    """Dotted fields whose value differs between a checkpoint's config and `config` (the saved one
+    resolved again, so that a field added since with its default is no change)."""
+    before = _flatten(tomllib.loads(dump_config(load_config(tomllib.loads(saved_toml)))))
     after = _flatten(tomllib.loads(dump_config(config)))
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 

@@ -45,6 +45,15 @@ OPTIMIZERS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "adafactor": (torch.optim.Adafactor, dict(lr=0.01, beta2_decay=-0.7, d=2.0, weight_decay=0.1), dict(eps=(1e-5, 1e-2))),
     "muon": (torch.optim.Muon, dict(lr=0.01, momentum=0.9, weight_decay=0.05), dict(nesterov=False)),
 }
+try:  # the schedulefree package (an optional extra): its optimizers are ported too
+    import schedulefree
+
+    OPTIMIZERS["schedule-free-adamw"] = (schedulefree.AdamWScheduleFree, dict(lr=0.01, warmup_steps=2, weight_decay=0.1,
+                                                                         foreach=False), dict(lr=0.02, r=0.5))
+    OPTIMIZERS["schedule-free-sgd"] = (schedulefree.SGDScheduleFree, dict(lr=0.1, momentum=0.8, foreach=False),
+                                       dict(weight_lr_power=1.0))
+except ImportError:
+    pass
 
 
 def optimizer(kind: str, named: dict[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -55,7 +64,10 @@ def optimizer(kind: str, named: dict[str, torch.nn.Parameter]) -> torch.optim.Op
     else:
         groups = [{"params": [p for n, p in named.items() if n.endswith("bias")], **bias_options},
                   {"params": [p for n, p in named.items() if not n.endswith("bias")]}]
-    return cls(groups, **options)
+    opt = cls(groups, **options)
+    if hasattr(opt, "train"):
+        opt.train()  # schedulefree: steps in train mode only
+    return opt
 
 
 SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {

@@ -19,8 +19,9 @@ WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", 
 
 def write_config(tmp: Path, updates: int) -> Path:
     """The run both resume tests use: a tiny gpt with dropout, AdamW, warm-up + cosine, clipping,
-    token-normalized accumulation of 2, dynamic loss scaling with injected overflows, a checkpoint
-    every 4 updates with retention."""
+    token-normalized accumulation of 2, dynamic loss scaling with injected overflows, a weights' EMA
+    from update 6 on every 2nd update (evaluations on it), a checkpoint every 4 updates with
+    retention."""
     corpus = tmp / "corpus.txt"
     corpus.write_text(" ".join(np.random.default_rng(0).choice(WORDS, 420)))
     path = tmp / "run.toml"
@@ -56,6 +57,11 @@ growth_interval = 3
 [checkpoint]
 every = 4
 keep_last = 2
+[ema]
+decay = 0.9
+every = 2
+start = 6
+evaluate = true
 [run]
 max_updates = {updates}
 eval_every = 10
@@ -73,7 +79,9 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
         b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(updates)).state
     except ck.CheckpointError as exc:
         return [f"final checkpoint: {exc}"]
-    for what, x, y in (("model", a.model, b.model),
+    if (a.ema is None) != (b.ema is None):
+        out.append(f"ema: {'missing' if b.ema is None else 'unexpected'} in the final checkpoint")
+    for what, x, y in (("model", a.model, b.model), ("ema", a.ema or {}, b.ema or {}),
                        *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
         for k in x:
             if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
@@ -106,4 +114,6 @@ def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
         meta["counters"] = {**meta["counters"], "schedule_t": 0}
     elif piece == "rng":  # no generator state: each generator continues from its seed
         state = state._replace(rng={})
+    elif piece == "ema":  # the weights' EMA not restored: it starts again at the next due update
+        state = state._replace(ema=None)
     return checkpoint._replace(state=state._replace(meta=meta))

@@ -8,6 +8,8 @@
                   state = { w = { step = 1000000, m = [...], v = [...] } }   # optional start state
     [expected]    params = [ {...after update 0...}, {...after update 1...}, ... ]
                   state = [ { w = { m = [...], v = [...], step = 1 } }, ... ]  # optional, neutral names
+                  ema = [ {...EMA after update 0...}, ... ]   # optional, with an [ema] table
+                  # ({} for an update after which the EMA has not started yet)
 
 A parameter missing from an update's `grads` table has no gradient in that update (torch: `grad is
 None`): it is not updated and its state, update count included, stays as it was; an empty table
@@ -37,7 +39,7 @@ from conformance.rules.schedules import check_schedule
 from conformance.rules.trajectory import check_trajectory_inputs
 
 REQUIRED_SECTIONS = ("optimizer",)
-USED_SECTIONS = ("optimizer", "schedule", "clip")
+USED_SECTIONS = ("optimizer", "schedule", "clip", "ema")
 
 NeutralState = dict[str, dict[str, Array]]
 
@@ -59,6 +61,7 @@ class Inputs(CaseTable):
 class Expected(CaseTable):
     params: list[ParamSet]
     state: list[NeutralState] | None = None
+    ema: list[ParamSet] | None = None
 
 
 def _updates(inputs: Inputs) -> int:
@@ -80,6 +83,8 @@ def check_case(case: Case) -> None:
         raise ValueError(f"expected.params has {len(exp.params)} entries for {n} updates")
     if exp.state is not None and len(exp.state) != n:
         raise ValueError(f"expected.state has {len(exp.state)} entries for {n} updates")
+    if exp.ema is not None and (len(exp.ema) != n or "ema" not in case.sections or not case.sections["ema"].enabled):
+        raise ValueError(f"expected.ema needs an [ema] table with a decay and one entry per update ({n})")
     shapes = {k: v.shape for k, v in case.inputs.params.items()}
     for i, table in enumerate(exp.params):
         for name, value in table.items():
@@ -108,6 +113,8 @@ def _check_update_path(case: Case, n: int) -> None:
         key = "inputs.state" if inp.state is not None else "expected.state"
         raise ValueError(f"{key} cannot be used with {tables}: update.run_updates neither imports nor "
                          "exports optimizer state")
+    if case.expected.ema is not None:
+        raise ValueError(f"expected.ema cannot be used with {tables}: update.run_updates keeps no EMA")
     if case.dtype not in ("float64", "float32"):
         raise ValueError(f"dtype = {case.dtype!r} cannot be used with {tables}; use float64 or float32")
     for k, table in enumerate(inp.grads):
@@ -156,7 +163,10 @@ def run(case: Case, backend: Backend) -> dict[str, Any]:
     a = arrays(case)
     if not through_update_path(case):
         fn = backend.function("optimizers", "run_trajectory")
-        out = fn(case.sections["optimizer"], dtype=case.dtype, **a)
+        extra = {"ema": case.sections["ema"]} if case.expected.ema is not None else {}
+        out = fn(case.sections["optimizer"], dtype=case.dtype, **a, **extra)
+        if "ema" in extra:  # not started yet: an empty table, as the case writes it
+            out["ema"] = [e or {} for e in out["ema"]]
         return {k: out[k] for k in expected_values(case)}
     fn = backend.function("update", "run_updates")
     # the same host-side checks as run_trajectory, so an error case fails alike on every backend
@@ -171,4 +181,6 @@ def expected_values(case: Case) -> dict[str, Any]:
     values: dict[str, Any] = {"params": exp.params}
     if exp.state is not None:
         values["state"] = exp.state
+    if exp.ema is not None:
+        values["ema"] = exp.ema
     return values

@@ -46,6 +46,10 @@ def build_optax(tx: Any, x64: bool = True) -> Any:
     evaluated at a float64 count when `x64`: the spec's mathematics, not optax's float32 counts)."""
     import jax.numpy as jnp
     import optax
+    import optax.contrib
+
+    def find(name: str) -> Any:  # optax's transforms, and optax.contrib's schedule-free ones
+        return getattr(optax, name, None) or getattr(optax.contrib, name, None)
 
     def value(v: Any) -> Any:
         if isinstance(v, list):
@@ -54,19 +58,19 @@ def build_optax(tx: Any, x64: bool = True) -> Any:
             (name, args), = v.items()
             if name == "chain":
                 return optax.chain(*[value(x) for x in args])
-            if hasattr(optax, name) and isinstance(args, Mapping):
+            if find(name) is not None and isinstance(args, Mapping):
                 kwargs = {k: value(a) for k, a in args.items()}
                 if name == "piecewise_constant_schedule" and kwargs.get("boundaries_and_scales"):
                     kwargs["boundaries_and_scales"] = {int(k): s for k, s in args["boundaries_and_scales"].items()}
                 if name.endswith(("schedule", "schedules")) or name == "exponential_decay":
-                    sched = getattr(optax, name)(**kwargs)
+                    sched = find(name)(**kwargs)
                     return (lambda c, s=sched: s(jnp.asarray(c, jnp.float64))) if x64 else sched
                 if name == "MultiSteps":
                     kwargs["accumulator_dtype"] = jnp.float64 if x64 else jnp.float32
-                return getattr(optax, name)(**kwargs)
+                return find(name)(**kwargs)
         return v
 
-    if isinstance(tx, Mapping) and set(tx) <= {"chain", "MultiSteps"} | set(dir(optax)):
+    if isinstance(tx, Mapping) and set(tx) <= {"chain", "MultiSteps"} | set(dir(optax)) | set(dir(optax.contrib)):
         return value(tx if len(tx) == 1 else [{k: v} for k, v in tx.items()])
     return value(tx)
 

@@ -39,6 +39,49 @@ def _policy(config: Config) -> str:
     return "\n".join(lines)
 
 
+def _ema_fields(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    pad = "\n" + " " * 12  # the class body's indentation in the template below
+    return (f"{pad}ema: dict               # [ema]: the weights' EMA (float32, float64 for float64 weights)"
+            f"{pad}ema_started: jax.Array  # the first due update copies the weights"
+            f"{pad}update: jax.Array       # updates done, skipped ones too")
+
+
+def _ema_init(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    return (", {k: jnp.zeros(v.shape, jnp.float64 if v.dtype == jnp.float64 else jnp.float32) "
+            "for k, v in params.items()},\n                      jnp.asarray(False), zero")
+
+
+def _ema_state(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    return ",\n                               *ema_update(state, keep(new_params, state.params), finite)"
+
+
+def ema_code(config: Config) -> str:
+    """ema_update(state, params, finite) -> (ema, started, update) of the optax snippet ([ema])."""
+    if not config.ema.enabled:
+        return ""
+    e = config.ema
+    w = 1.0 - float(e.decay)  # type: ignore[arg-type]
+    mix = (f"e + {lit(w)} * (q - e)" if w < 0.5 else f"q + {lit(w - 1)} * (q - e)")  # torch's lerp(e, q, w)
+    return block(f'''
+        def ema_update(state, params, finite):
+            """[ema] after an update: due when applied, update >= {e.start} and (update - {e.start}) % {e.every} == 0;
+            the first due update copies the weights, later ones lerp(ema, p, 1 - decay) (torch's lerp)."""
+            due = finite & (state.update >= {e.start}) & ((state.update - {e.start}) % {e.every} == 0)
+
+            def move(e, p):
+                q = p.astype(e.dtype)
+                return jnp.where(due, jnp.where(state.ema_started, {mix}, q), e)
+
+            return jax.tree.map(move, state.ema, params), state.ema_started | due, state.update + 1
+        ''')
+
+
 def _lines(text: str, indent: int) -> list[str]:
     return block(text, indent).split("\n") if text else []
 
@@ -64,13 +107,13 @@ def step_code(config: Config) -> str:
             scale: jax.Array        # the loss scale (float32; 1 without dynamic scaling)
             growth_tracker: jax.Array
             position: jax.Array     # the schedule's update count (held on skipped updates)
-            skipped_in_a_row: jax.Array
+            skipped_in_a_row: jax.Array{_ema_fields(config)}
 
 
         def init(params):
             params = {{k: jnp.asarray(v, PARAM_DTYPE) for k, v in params.items()}}
             zero = jnp.zeros([], jnp.int32)
-            return TrainState(params, TX.init(params), jnp.asarray(INIT_SCALE, jnp.float32), zero, zero, zero)
+            return TrainState(params, TX.init(params), jnp.asarray(INIT_SCALE, jnp.float32), zero, zero, zero{_ema_init(config)})
 
 
         def grad_norm(grads):
@@ -136,7 +179,7 @@ def step_code(config: Config) -> str:
         position = state.position + jnp.asarray({advance}, jnp.int32)  # schedule_on_skip = "{p.schedule_on_skip}"
         skips = jnp.where(finite, 0, state.skipped_in_a_row + 1).astype(jnp.int32)
         new_state = TrainState(keep(new_params, state.params), keep(new_opt, opt_state), scale, tracker,
-                               position, skips)
+                               position, skips{_ema_state(config)})
         metrics = {{"loss": loss, "grad_norm": grad_norm(grads), "skipped": ~finite,
                    "lr": [hyper[f"lr_{{i}}"] for i in range(len(LR_SCHEDULES))]}}
         return new_state, metrics
@@ -146,7 +189,10 @@ def step_code(config: Config) -> str:
             state, metrics = step(state, window)
         ''', 4) + _lines(_policy(config), 8) + ["        return state, metrics", "", "    return train_step"]
     out = "\n".join(head + grads + [""] + step + [""] + host)
-    return out if config.schedule.name != "reduce_on_plateau" else _plateau_code(config, out)
+    if config.schedule.name == "reduce_on_plateau":
+        out = _plateau_code(config, out)
+    ema = ema_code(config)
+    return out + ("\n\n\n" + ema if ema else "")
 
 
 def _plateau_code(config: Config, code: str) -> str:
