@@ -11,7 +11,11 @@ own semantics that the ledger's Keras rows state are measured directly here too.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import subprocess
+import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,7 @@ from conformance.harness.report import markdown_report
 from conformance.harness.runner import Result, run_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_KERAS = __import__("importlib.util").util.find_spec("keras") is not None
+HAS_KERAS = find_spec("keras") is not None
 NATIVE = ["torch-native", "optax-native",
           pytest.param("keras", marks=pytest.mark.skipif(not HAS_KERAS, reason="keras is not installed"))]
 TORCH_SOURCE = re.compile(r"\btorch 2\.\d+|from torch\.optim")
@@ -73,6 +77,15 @@ def test_native_backends_are_built_in_names(capsys) -> None:
     assert "torch-native: 5 passed, 0 failed" in capsys.readouterr().out
 
 
+def test_keras_on_another_keras_backend_is_one_line_and_exit_2() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "torch"}
+    out = subprocess.run([sys.executable, "-m", "conformance", "conform", "--backend", "keras"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("twinstep: error: backend keras (natives.keras_backend) cannot be imported: ImportError: "
+                          "the keras backend runs Keras on JAX; KERAS_BACKEND=torch\n")
+
+
 def test_a_case_without_a_native_equivalent_is_unsupported_with_the_reason() -> None:
     got = {(r.backend, r.case): r for b in ("torch-native", "optax-native") for r in native_results(b)}
     lion = got[("torch-native", "optimizer/optax-lion-open")]
@@ -98,29 +111,32 @@ def _bigger(fn):
     return planted
 
 
-def test_negative_control_a_planted_native_bug_is_a_failure_no_row_lists() -> None:
-    native = resolve_backend("torch-native")
-    planted = PatchedBackend("torch-native", native.package, patches=(
+@pytest.mark.parametrize("backend", ["torch-native", "optax-native"])
+def test_negative_control_a_planted_native_bug_is_a_failure_no_row_lists(backend: str) -> None:
+    native = resolve_backend(backend)
+    planted = PatchedBackend(backend, native.package, patches=(
         ("losses", "loss_value_and_grad", _bigger(native.function("losses", "loss_value_and_grad"))),))
-    losses = [c for c in suite() if c.kind == "loss"]
-    unexplained, _ = audit(run_cases(losses, [planted]), read_ledger(), "torch-native")
-    assert len(unexplained) > 40 and "loss/mse-mean" in unexplained
+    losses = [c for c in suite() if re.match(r"loss/(mse|huber|ce)-", c.id)]
+    unexplained, _ = audit(run_cases(losses, [planted]), read_ledger(), backend)
+    assert len(unexplained) > 15 and "loss/mse-mean" in unexplained
+    assert audit(run_cases(losses, [native]), read_ledger(), backend).unexplained == []  # the same, unplanted
 
 
-def test_negative_control_a_row_for_a_passing_or_unknown_case_is_stale() -> None:
+@pytest.mark.parametrize("backend", NATIVE)
+def test_negative_control_a_row_for_a_passing_or_unknown_case_is_stale(backend: str) -> None:
     text = (ROOT / "docs" / "divergences.md").read_text(encoding="utf-8")
-    fake = ("\n| X-FAKE | made up | none | **torch-native fails** `loss/mse-mean`, `loss/no-such-case`, "
-            "`schedule/step-*` |\n")
-    _, stale = audit(native_results("torch-native"), parse_ledger(text + fake), "torch-native")
-    assert "X-FAKE: loss/mse-mean passed" in stale and "X-FAKE: loss/no-such-case absent" in stale
-    assert "X-FAKE: schedule/step-default-gamma passed" in stale
-    assert "X-FAKE: schedule/step-* matches no failure" in stale
+    passed = next(r.case for r in native_results(backend) if r.status == "passed")
+    fake = f"\n| X-FAKE | made up | none | **{backend} fails** `{passed}`, `loss/no-such-case`, `{passed}*` |\n"
+    _, stale = audit(native_results(backend), parse_ledger(text + fake), backend)
+    assert stale == [f"X-FAKE: {passed} passed", "X-FAKE: loss/no-such-case absent", f"X-FAKE: {passed} passed",
+                     f"X-FAKE: {passed}* matches no failure"]
 
 
-def test_negative_control_a_ledger_without_the_lists_explains_nothing() -> None:
-    text = re.sub(r"; \*\*[a-z-]+ fails\*\*[^|]*", "", (ROOT / "docs" / "divergences.md").read_text("utf-8"))
-    unexplained, stale = audit(native_results("torch-native"), parse_ledger(text), "torch-native")
-    assert unexplained == sorted(r.case for r in native_results("torch-native") if r.status == "failed")
+@pytest.mark.parametrize("backend", NATIVE)
+def test_negative_control_a_ledger_without_the_lists_explains_nothing(backend: str) -> None:
+    text = re.sub(r"\*\*[a-z-]+ fails\*\*[^|]*", "", (ROOT / "docs" / "divergences.md").read_text("utf-8"))
+    unexplained, stale = audit(native_results(backend), parse_ledger(text), backend)
+    assert unexplained == sorted(r.case for r in native_results(backend) if r.status == "failed")
     assert unexplained and not stale
 
 

@@ -38,14 +38,17 @@ def loss_scale_trace(spec: PrecisionSpec, finite: list[bool], dtype: str = "floa
     opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=spec.init_scale,
                                               dynamic_growth_steps=spec.growth_interval)
     opt.build([p])
+    import jax
+
+    step = jax.jit(opt.stateless_apply)  # Keras's JAX training loop jits it
     out: dict[str, list[Any]] = {"scale": [], "skipped": [], "growth_tracker": []}
     for ok in finite:
         scale = float(np.asarray(opt.dynamic_scale.value))
         grad = 2.0 * np.asarray(p.value) * scale if ok else np.array([np.inf], np.float32)  # d(scale·p²)/dp
         before = np.asarray(p.value).copy()
         # on JAX, Keras's optimizers are applied statelessly (its documented JAX training loop)
-        new_p, new_state = opt.stateless_apply([v.value for v in opt.variables],
-                                               [keras.ops.convert_to_tensor(grad, "float32")], [p.value])
+        new_p, new_state = step([v.value for v in opt.variables], [keras.ops.convert_to_tensor(grad, "float32")],
+                                [p.value])
         p.assign(new_p[0])
         for var, value in zip(opt.variables, new_state):
             var.assign(value)
