@@ -60,10 +60,6 @@ class Backend:
     def builtin(self) -> bool:
         return BUILTINS.get(self.name) == self.package
 
-    @property
-    def native(self) -> bool:
-        """One of the frameworks' own built-ins (natives/): its failures are what the ledger explains."""
-        return NATIVES.get(self.name) == self.package
 
     def module(self, name: str) -> ModuleType:
         full = f"{self.package}.{name}"
