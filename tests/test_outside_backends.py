@@ -123,8 +123,8 @@ def test_an_undocumented_exception_is_a_failure_naming_backend_case_and_exceptio
     ("acme.broken", "twinstep: error: backend acme.broken cannot be imported: ModuleNotFoundError: No module named "
                     "'acme_missing_dependency'"),
     ("nosuch.pkg", "twinstep: error: backend nosuch.pkg cannot be imported: ModuleNotFoundError: No module named 'nosuch'"),
-    ("no such", "twinstep: error: backend 'no such' is neither a backend name (torch, jax, oracle, all) nor the "
-                "dotted name of a Python package"),
+    ("no such", "twinstep: error: backend 'no such' is neither a backend name (torch, jax, oracle, torch-native, "
+                "optax-native, keras, all) nor the dotted name of a Python package"),
 ])
 def test_a_backend_that_cannot_be_imported_is_one_line_and_exit_2(outside, capsys, name: str, line: str) -> None:
     package(outside, "acme.broken", {"__init__.py": "import acme_missing_dependency\n"})

@@ -150,11 +150,16 @@ def test_no_report_is_left_half_written(tmp_path) -> None:
 def test_the_ledger_audit_finds_unexplained_failures_and_rows_that_stopped_failing() -> None:
     from conformance.harness.ledger import audit
 
-    rows = parse_ledger(LEDGER)
+    rows = parse_ledger(LEDGER + "| O-D | d differs | z | **native fails** `optimizer/torch-*-open`, `loss/a` |\n")
+    assert rows[-1].failing("native") == ("optimizer/torch-*-open", "loss/a") and rows[0].failing("native") == ()
     results = [Result("loss/a", "native", False, 1.0, 1.0, "x", kind="loss"),
                Result("optimizer/torch-adam-open", "native", True, 0.0, 0.0, "", kind="optimizer"),
                Result("optimizer/z-new", "native", False, 1.0, 1.0, "x", kind="optimizer"),
                Result("optimizer/torch-adam-open", "torch", False, 1.0, 1.0, "x", kind="optimizer")]
-    assert audit(results, rows, "native") == (["optimizer/z-new"], ["O-C"])
+    assert audit(results, rows, "native") == (
+        ["optimizer/z-new"], ["O-D: optimizer/torch-adam-open passed", "O-D: optimizer/torch-*-open matches no failure"])
+    assert explain(rows, "loss/a", "native") == ["O-D"]  # the listing row, not L-A, which only names the case
+    assert explain(rows, "loss/a", "other") == ["L-A", "O-D"]  # a backend no row lists: every row naming it
     fixed = [results[0], Result("optimizer/torch-adam-open", "native", False, 1.0, 1.0, "x", kind="optimizer")]
     assert audit(fixed, rows, "native") == ([], [])  # negative control: every failure explained, every row showing
+    assert audit(fixed[:1], rows, "native").stale == ["O-D: optimizer/torch-*-open matches no failure"]

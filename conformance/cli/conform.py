@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.harness.backends import PACKAGES, available_backends, get_backends
+from conformance.harness.backends import BUILTINS, available_backends, get_backends
 from conformance.harness.case import collect_cases
 from conformance.harness.ledger import read_ledger
 from conformance.harness.report import (
@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
                        description="Run conformance cases on each backend and compare with the expected "
                                    "values. Exits 0 only if no case failed and at least one passed.")
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help=f"a backend to run (repeatable): {', '.join(PACKAGES)}, all (default), a name from "
+                   help=f"a backend to run (repeatable): {', '.join(BUILTINS)}, all (default), a name from "
                         "--list-backends, or the dotted name of a package with the same modules (docs/backends.md)")
     p.add_argument("--list-backends", action="store_true", help="list the backend names and where they come from")
     p.add_argument("--cases", nargs="+", action="extend", metavar="DIR",
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         write_atomic(Path(args.junit), junit_xml(results))
     if args.report:
-        write_atomic(Path(args.report), markdown_report(results, read_ledger(args.ledger)))
+        versions = {b.name: b.describe() for b in backends}
+        write_atomic(Path(args.report), markdown_report(results, read_ledger(args.ledger), versions))
     summary = summarize(results)
     return 0 if summary["failed"] == 0 and summary["passed"] > 0 else 1

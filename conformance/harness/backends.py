@@ -6,9 +6,10 @@ A backend is a Python package with the built-ins' module and function names
 asks a backend for a function by name; one the backend lacks is `MissingFunction` (an
 UnsupportedError), which the runner reports as "unsupported: <module>.<function>".
 
-`--backend NAME` resolves, in this order: a built-in name, a short name registered by an installed
-distribution under the entry-point group `twinstep.backends` (`name = "package.dotted.name"`), or
-the dotted name of any importable package. A name that resolves to nothing, or a package that
+`--backend NAME` resolves, in this order: a built-in name (the twins, the oracle, or one of the
+frameworks' own built-ins in `natives/`: `torch-native`, `optax-native`, `keras`), a short name
+registered by an installed distribution under the entry-point group `twinstep.backends`
+(`name = "package.dotted.name"`), or the dotted name of any importable package. A name that resolves to nothing, or a package that
 cannot be imported, is one BackendError line naming it and the import error.
 """
 
@@ -25,6 +26,11 @@ from conformance.errors import BackendError, UnsupportedError
 
 PACKAGES: dict[str, str] = {"torch": "ref_torch", "jax": "ref_jax", "oracle": "conformance.oracle"}
 ALL: tuple[str, ...] = ("torch", "jax", "oracle")  # what `--backend all` (the default) runs
+# the frameworks' own built-ins (natives/, docs/backends.md "Native backends"): built-in names too, but
+# neither part of `all` nor twins (a case's `backends` list never selects them: every case is offered)
+NATIVES: dict[str, str] = {"torch-native": "natives.torch_native", "optax-native": "natives.optax_native",
+                           "keras": "natives.keras_backend"}
+BUILTINS: dict[str, str] = {**PACKAGES, **NATIVES}
 ENTRY_POINT_GROUP = "twinstep.backends"
 
 
@@ -46,13 +52,14 @@ class Backend:
 
     def __post_init__(self) -> None:
         if not self.package:
-            if self.name not in PACKAGES:
-                raise BackendError(f"backend {self.name!r} is not a built-in backend ({', '.join(PACKAGES)})")
-            object.__setattr__(self, "package", PACKAGES[self.name])
+            if self.name not in BUILTINS:
+                raise BackendError(f"backend {self.name!r} is not a built-in backend ({', '.join(BUILTINS)})")
+            object.__setattr__(self, "package", BUILTINS[self.name])
 
     @property
     def builtin(self) -> bool:
-        return PACKAGES.get(self.name) == self.package
+        return BUILTINS.get(self.name) == self.package
+
 
     def module(self, name: str) -> ModuleType:
         full = f"{self.package}.{name}"
@@ -73,6 +80,14 @@ class Backend:
         if fn is None:
             raise MissingFunction(self.name, f"{module}.{name}")
         return fn
+
+    def describe(self) -> dict[str, Any]:
+        """What the backend's optional `backend.describe()` reports (versions); {} without one."""
+        try:
+            fn = getattr(self.module("backend"), "describe", None)
+        except MissingFunction:
+            return {}
+        return dict(fn()) if fn is not None else {}
 
     def context(self) -> contextlib.AbstractContextManager:
         """The backend's numerics context (`backend.context()`, e.g. JAX's 64-bit mode) for a case."""
@@ -105,10 +120,12 @@ def registered_backends() -> dict[str, BackendInfo]:
 
 
 def available_backends() -> list[BackendInfo]:
-    """The built-ins, then the registered names (a registered name equal to a built-in is shadowed)."""
+    """The built-ins, the native ones, then the registered names (a registered name equal to a
+    built-in is shadowed)."""
     builtins = [BackendInfo(n, p, "built-in") for n, p in PACKAGES.items()]
-    registered = [b for n, b in sorted(registered_backends().items()) if n not in PACKAGES]
-    return builtins + registered
+    natives = [BackendInfo(n, p, "built-in: the framework's own built-ins") for n, p in NATIVES.items()]
+    registered = [b for n, b in sorted(registered_backends().items()) if n not in BUILTINS]
+    return builtins + natives + registered
 
 
 def _import(name: str, package: str) -> None:
@@ -124,13 +141,16 @@ def resolve_backend(name: str) -> Backend:
     """A built-in name, a registered short name, or the dotted name of an importable package."""
     if name in PACKAGES:
         return Backend(name)
+    if name in NATIVES:  # imported now, so a missing framework (keras) is one line before any case
+        _import(name, NATIVES[name])
+        return Backend(name)
     registered = registered_backends()
     if name in registered:
         info = registered[name]
         _import(name, info.package)
         return Backend(name, info.package, info.origin)
     if not all(part.isidentifier() for part in name.split(".")):
-        known = ", ".join([*PACKAGES, *sorted(registered)])
+        known = ", ".join([*BUILTINS, *sorted(registered)])
         raise BackendError(f"backend {name!r} is neither a backend name ({known}, all) nor the dotted name "
                            "of a Python package")
     _import(name, name)

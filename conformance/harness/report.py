@@ -17,11 +17,11 @@ import json
 import os
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from conformance.harness.backends import ALL
+from conformance.harness.backends import ALL, NATIVES
 from conformance.harness.ledger import LedgerRow, explain
 from conformance.harness.runner import NO_BACKEND, STATUSES, Result, summarize
 
@@ -144,7 +144,7 @@ def ledger_cell(results: Sequence[Result], ledger: list[LedgerRow]) -> str:
     parts = []
     for r in results:
         if r.status == "failed" and r.backend not in ALL and r.backend != NO_BACKEND:
-            rows = explain(ledger, r.case)
+            rows = explain(ledger, r.case, r.backend if r.backend in NATIVES else None)
             parts.append(f"{r.backend}: {', '.join(rows) if rows else 'no row'}")
     return "; ".join(parts) or "-"
 
@@ -153,13 +153,19 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_report(results: Sequence[Result], ledger: list[LedgerRow]) -> str:
+def markdown_report(results: Sequence[Result], ledger: list[LedgerRow],
+                    versions: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The Markdown matrix; `versions`: per backend, what its `backend.describe()` reports (the
+    string values are shown: package versions)."""
     backends = _backends(results)
     total = summarize(results)
     lines = ["# twinstep conformance report", "",
              f"{total['passed']} passed, {total['failed']} failed, {total['unsupported']} unsupported "
-             f"({len(results)} results, backends: {', '.join(backends) or 'none'}).", "",
-             "## Summary (passed/failed/unsupported)", ""]
+             f"({len(results)} results, backends: {', '.join(backends) or 'none'}).", ""]
+    for name, info in (versions or {}).items():
+        shown = ", ".join(f"{k} {v}" for k, v in info.items() if isinstance(v, str) and k != "backend")
+        lines += [f"{name}: {shown}.", ""] if shown else []
+    lines += ["## Summary (passed/failed/unsupported)", ""]
     rows = summary_table(results)
     lines += ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
@@ -177,4 +183,8 @@ def markdown_report(results: Sequence[Result], ledger: list[LedgerRow]) -> str:
     if bad:
         lines += ["", "## Failures", ""]
         lines += [f"- `{r.case}` [{r.backend}]: {_md(r.message)}" for r in bad]
+    declined = [r for r in results if r.status == "unsupported"]
+    if declined:
+        lines += ["", "## Unsupported", ""]
+        lines += [f"- `{r.case}` [{r.backend}]: {_md(r.message.removeprefix('unsupported: '))}" for r in declined]
     return "\n".join(lines) + "\n"
