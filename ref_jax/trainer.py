@@ -108,8 +108,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
         try:
             return _loop(run)
         finally:
-            if run.metrics is not None:
-                run.metrics.close()
+            run.close()
 
 
 def _loop(run: Run) -> TrainResult:
@@ -158,8 +157,11 @@ def _loop(run: Run) -> TrainResult:
                 run.counters = run.counters._replace(best_val_loss=float(val_loss))
             if run.metrics is not None:
                 run.metrics.log_eval(record)
-        if checkpoint_due(run, t):
+        due = checkpoint_due(run, t)
+        if due:
             last = ts.save(run, place, state, key, t + 1, val_loss)
+        if t + 1 < run.planned and run.stop_requested():  # SIGTERM / SIGINT: save the state after t, stop
+            raise run.preempted(t + 1, last if due else ts.save(run, place, state, key, t + 1, val_loss))
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
 

@@ -129,8 +129,7 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
     try:
         return _loop(config, run, device, progress)
     finally:
-        if run.metrics is not None:
-            run.metrics.close()
+        run.close()
 
 
 def _loop(config: Config, run: Run, device: torch.device, progress: str) -> TrainResult:
@@ -177,8 +176,13 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
         val_loss = _maybe_evaluate(config, run, model, device, pdtype, t)
-        if checkpoint_due(run, t):
+        due = checkpoint_due(run, t)
+        if due:
             last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+        if t + 1 < run.planned and run.stop_requested(lambda asked: not ddp.agree(not asked, run.world_size)):
+            # SIGTERM / SIGINT (on any rank): save the state after this update and stop
+            last = last if due else _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+            raise run.preempted(t + 1, last)
     return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
 
 
