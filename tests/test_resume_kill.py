@@ -35,15 +35,13 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import pytest
 from support.faults import fault_args
-from support.resume import differences, write_config
+from support.resume import differences, forgotten, write_config
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
@@ -275,23 +273,6 @@ def _reached(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
     return counted
 
 
-def _forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
-    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
-    state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
-    if piece == "model":  # weights never restored: any other values than the saved ones
-        state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
-    elif piece == "optimizer":  # a fresh optimizer: no per-parameter state, step 0
-        state, meta = state._replace(optimizer={}), {**meta, "optimizer_step": 0}
-    elif piece == "loss_scale":  # the scale and growth tracker back at their initial values
-        init = load_config(tomllib.loads(state.config)).precision.init_scale
-        meta["loss_scale"] = {**meta["loss_scale"], "scale": init, "growth_tracker": 0}
-    elif piece == "schedule":  # the schedule rebuilt at position 0
-        meta["counters"] = {**meta["counters"], "schedule_t": 0}
-    elif piece == "rng":  # no generator state: each generator continues from its seed
-        state = state._replace(rng={})
-    return checkpoint._replace(state=state._replace(meta=meta))
-
-
 def plant_forgetting(piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[int]) -> None:
     """Make the resume forget `piece` of the state (negative controls only): the data position in
     the pipeline, every other piece in the checkpoint the trainer loads."""
@@ -300,7 +281,7 @@ def plant_forgetting(piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[in
         monkeypatch.setattr(DataPipeline, "window", _reached(lambda self, t: real_window(self, t - CUT), calls))
         return
     real_load = ck.load_checkpoint
-    monkeypatch.setattr(ck, "load_checkpoint", _reached(lambda path: _forgotten(real_load(path), piece), calls))
+    monkeypatch.setattr(ck, "load_checkpoint", _reached(lambda path: forgotten(real_load(path), piece), calls))
 
 
 def resume_in_process(ref: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

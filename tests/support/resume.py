@@ -4,11 +4,13 @@ run's config and the bit-for-bit comparison of two runs."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from conformance import checkpoint as ck
+from conformance.config import load_config
 from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
@@ -88,3 +90,20 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
             out.append(f"metrics line {i}: {y} != {x}")
             break
     return out
+
+
+def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
+    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
+    state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
+    if piece == "model":  # weights never restored: any other values than the saved ones
+        state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
+    elif piece == "optimizer":  # a fresh optimizer: no per-parameter state, step 0
+        state, meta = state._replace(optimizer={}), {**meta, "optimizer_step": 0}
+    elif piece == "loss_scale":  # the scale and growth tracker back at their initial values
+        init = load_config(tomllib.loads(state.config)).precision.init_scale
+        meta["loss_scale"] = {**meta["loss_scale"], "scale": init, "growth_tracker": 0}
+    elif piece == "schedule":  # the schedule rebuilt at position 0
+        meta["counters"] = {**meta["counters"], "schedule_t": 0}
+    elif piece == "rng":  # no generator state: each generator continues from its seed
+        state = state._replace(rng={})
+    return checkpoint._replace(state=state._replace(meta=meta))
