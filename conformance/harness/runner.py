@@ -42,6 +42,8 @@ def run_case(case: Case, backend: Backend) -> Result:
     except TwinstepError as exc:
         return _error_result(case, backend, exc)
     except Exception as exc:  # a crash in a backend is a failure of that backend, not of the run
+        if case.expects_error and isinstance(exc, AttributeError) and exc.obj is case.expected:  # read after it returned
+            return Result(case.id, backend.name, False, None, None, f"expected {case.expected.error} but the backend returned normally")
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" at {frame.filename.rsplit('/', 2)[-2:]}:{frame.lineno}" if frame else ""
         return Result(case.id, backend.name, False, None, None,
