@@ -170,6 +170,10 @@ def load_config(
         data, where = source, ""
     else:
         data, where = load_toml(source), f"{source}: "
+    try:
+        check_plain(data)  # before anything recurses into it (a dict from Python may nest 5000 deep)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
     data = apply_overrides(data, overrides)
     try:
         check_plain(data)

@@ -95,7 +95,7 @@ def _lock(out: Path) -> int:
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
-        raise path_error(path, exc, "create the run's lock file") from None
+        raise path_error(path, exc, "open the run's lock file") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
