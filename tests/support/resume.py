@@ -93,7 +93,8 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
 
 
 def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
-    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
+    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start.
+    Plant it after conformance.run.session.pick_checkpoint (which refuses such a checkpoint)."""
     state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
     if piece == "model":  # weights never restored: any other values than the saved ones
         state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
