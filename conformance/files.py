@@ -57,7 +57,7 @@ def open_regular(path: str | Path, *, follow: bool = True, dir_fd: int | None = 
     try:
         fd = os.open(path, _READ_FLAGS | (0 if follow else NOFOLLOW), dir_fd=dir_fd)
     except FileNotFoundError:
-        raise (missing or error)(f"{name} is missing: no such file") from None
+        raise (missing or error)(f"{name}: no such file") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
             raise error(f"{name} is a symbolic link; only a regular file is read here") from None

@@ -231,3 +231,18 @@ def test_resume_from_a_rehashed_checkpoint_is_one_line_exit_2(runs: dict[str, tu
     assert len(err) == 1 and err[0].startswith("twinstep: error: ") and str(step) in err[0] and field in err[0], err
     assert "older checkpoint step-00000002 verifies" in err[0] and "checkpoint.allow_fallback=true" in err[0]
     assert sorted((p.name, p.stat().st_size) for p in out.rglob("*") if p.is_file()) == before
+
+
+@pytest.mark.parametrize("field, value", [("epoch", 9), ("samples_seen", 1), ("dataset", "digits"),
+                                          ("world_size", 0), ("first_micro_batch", "3")])
+def test_the_saved_data_position_must_be_the_runs(runs: dict[str, tuple[Path, Path]], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture, field: str, value: Any) -> None:
+    run, config = runs["torch"]
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    step = out / "checkpoints" / ck.step_name(6)
+    edit_state(step, _set(f"data.{field}", value))
+    capsys.readouterr()
+    assert main(["train", str(config), "--out", str(out), "--resume", "--progress", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{step}/state.json: data.{field} must be" in err[0], err

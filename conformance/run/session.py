@@ -47,6 +47,7 @@ from conformance.run.preempt import Preemption
 from conformance.run.preflight import check_run
 from conformance.run.resume import check_resumable, pick_checkpoint, restore_counters
 from conformance.run.rundir import RunDir, claim
+from conformance.run.validate import check_data_position
 
 
 class TrainResult(NamedTuple):
@@ -150,6 +151,7 @@ def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, worl
             check_resumable(checkpoint.state.config, config, path)
             meta = checkpoint.state.meta or {}
             data.check_position(meta["data"])
+            check_data_position(meta["data"], data.position(checkpoint.state.update), path)
             counters = restore_counters(meta, checkpoint.state.update)
             if counters.updates_done > data.planned_updates:
                 raise CheckpointError(

@@ -13,6 +13,8 @@ for conformance.run.resume.RESUMABLE_CHANGES) and its directory:
   consecutive_skips <= skipped_total (and <= precision.max_consecutive_skips); the schedule position
   is updates_done - skipped_total (schedule_on_skip = "hold") or updates_done ("advance");
   optimizer_step = updates_done - skipped_total (a skipped update steps nothing);
+- the data position equals the one this run computes for the update (check_data_position, called
+  by session.open_run with the pipeline);
 - the loss scale: present exactly when the config scales dynamically, a finite float32 > 0, a
   growth tracker in [0, growth_interval);
 - the optimizer state: an entry for every model tensor once the optimizer has stepped (none
@@ -54,6 +56,7 @@ RNG_TENSORS: dict[str, tuple[str, tuple[int, ...]]] = {
 CUDA_RNG = re.compile(r"^torch_cuda_(\d{1,4})$")
 FRAMEWORK_RNG = {"torch": "torch_cpu", "jax": "jax_key"}
 JAX_IMPLS = ("threefry2x32",)
+MAX_WORLD = 1 << 20
 
 
 class _Where:
@@ -114,7 +117,7 @@ def validate_state(checkpoint: Checkpoint) -> Config:
     meta = _table(w, "", state.meta, STATE_KEYS, optional)
     if "val_loss" in meta and meta["val_loss"] != manifest["val_loss"]:
         raise w.bad("val_loss", f"manifest.json's val_loss ({manifest['val_loss']!r})", meta["val_loss"])
-    if meta["backend"] not in FRAMEWORK_RNG:
+    if not isinstance(meta["backend"], str) or meta["backend"] not in FRAMEWORK_RNG:
         raise w.bad("backend", f"one of {', '.join(FRAMEWORK_RNG)}", meta["backend"])
     done = state.update
     skipped = _counters(w, meta, done, config)
@@ -130,6 +133,20 @@ def validate_state(checkpoint: Checkpoint) -> Config:
     _optimizer(path / "optimizer.safetensors", state.model, state.optimizer or {}, step, config)
     _rng(path, state.rng or {}, meta["rng"], manifest["world_size"], meta["backend"])
     return config
+
+
+def check_data_position(saved: Any, expected: dict[str, Any], path: Path) -> None:
+    """The saved data position must be exactly the one this run's pipeline computes for the same
+    update (DataPipeline.position: the position is a pure function of the update count), but for
+    the world size, which a resume may change when the global batch stays the same."""
+    w = _Where(path / "state.json")
+    saved = _table(w, "data", saved, frozenset(expected))
+    for key in sorted(set(expected) - {"world_size"}):
+        want, got = expected[key], saved[key]
+        if got != want or type(got) is not type(want):
+            raise w.bad(f"data.{key}", f"{want!r}, the data position after {expected['updates_done']} updates", got)
+    if not _int(saved["world_size"]) or not 1 <= saved["world_size"] <= MAX_WORLD:
+        raise w.bad("data.world_size", f"an integer in [1, {MAX_WORLD}]", saved["world_size"])
 
 
 def _counters(w: _Where, meta: dict[str, Any], done: int, config: Config) -> int:

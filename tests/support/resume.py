@@ -11,6 +11,7 @@ import numpy as np
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
+from conformance.errors import CheckpointError
 from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
@@ -71,7 +72,7 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
     a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(updates)).state
     try:
         b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(updates)).state
-    except ck.CheckpointError as exc:
+    except CheckpointError as exc:
         return [f"final checkpoint: {exc}"]
     for what, x, y in (("model", a.model, b.model),
                        *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
