@@ -38,6 +38,7 @@ from conformance.run.metrics import read_metrics, updates
 from conformance.run.resume import load_valid
 from conformance.run.session import Run
 
+pytestmark = pytest.mark.usefixtures("persistent_xla_cache")  # JAX: compile the step once, not per run
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 8
 AT = 3  # the signal arrives inside update 3: the run stops after it, with 4 updates done
