@@ -116,8 +116,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
         try:
             return _loop(run)
         finally:
-            if run.metrics is not None:
-                run.metrics.close()
+            run.close()
 
 
 def _loop(run: Run) -> TrainResult:
@@ -176,9 +175,14 @@ def _loop(run: Run) -> TrainResult:
             if plateau is not None:  # observed after update t: updates t + 1, ... apply its lrs
                 plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
                 tables = place.put_replicated(ts.plateau_tables(parts, plateau))
-        if checkpoint_due(run, t):
+        due = checkpoint_due(run, t)
+        if due:
             last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
             state = ts.round_trip(state)
+        if t + 1 < run.planned and run.stop_requested():  # SIGTERM / SIGINT: save the state after t, stop
+            if not due:
+                last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
+            raise run.preempted(t + 1, last)
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
 

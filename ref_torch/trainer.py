@@ -138,8 +138,7 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
     try:
         return _loop(config, run, device, progress)
     finally:
-        if run.metrics is not None:
-            run.metrics.close()
+        run.close()
 
 
 def _loop(config: Config, run: Run, device: torch.device, progress: str) -> TrainResult:
@@ -197,10 +196,14 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
         observing = isinstance(scheduler, MetricPlateau)
         if observing and record is not None:
             scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
-        if checkpoint_due(run, t):
-            val_loss = None if record is None else record["val_loss"]
+        val_loss = None if record is None else record["val_loss"]
+        due = checkpoint_due(run, t)
+        stop = t + 1 < run.planned and run.stop_requested(lambda asked: not ddp.agree(not asked, run.world_size))
+        if due or stop:  # SIGTERM / SIGINT (on any rank): save the state after this update and stop
             state = plateau.to_json(plateau_state(scheduler)) if observing else None
             last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
+        if stop:
+            raise run.preempted(t + 1, last)
     return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
 
 

@@ -126,7 +126,11 @@ def test_jax_checkpoint_continues_in_torch(torch_full: Path, first_part: dict[st
 @pytest.mark.parametrize("forget", ["optimizer", "loss_scale", "schedule"])
 def test_jax_resume_that_forgets_state_fails(torch_full: Path, first_part: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch, forget: str) -> None:
-    real_load = ck.load_checkpoint
-    monkeypatch.setattr(ck, "load_checkpoint", lambda path: forgotten(real_load(path), forget))
+    from conformance.run import (
+        session,  # forgotten after verification, as by the trainer
+    )
+
+    real_pick = session.pick_checkpoint
+    monkeypatch.setattr(session, "pick_checkpoint", lambda *a: forgotten(real_pick(*a), forget))
     got = continue_in("jax", first_part["torch"], tmp_path / "run")
     assert not compare_runs(torch_full, got).passed

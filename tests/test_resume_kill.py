@@ -275,13 +275,17 @@ def _reached(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
 
 def plant_forgetting(piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[int]) -> None:
     """Make the resume forget `piece` of the state (negative controls only): the data position in
-    the pipeline, every other piece in the checkpoint the trainer loads."""
+    the pipeline, every other piece in the checkpoint the trainer restores."""
     if piece == "data":  # update t reads the window of t - CUT, as a fresh run would
         real_window = DataPipeline.window
         monkeypatch.setattr(DataPipeline, "window", _reached(lambda self, t: real_window(self, t - CUT), calls))
         return
-    real_load = ck.load_checkpoint
-    monkeypatch.setattr(ck, "load_checkpoint", _reached(lambda path: forgotten(real_load(path), piece), calls))
+    # after the checkpoint verified to the last field, as a trainer that forgot to restore the piece
+    # would run (a checkpoint missing a piece is itself refused: tests/test_checkpoint_fields.py)
+    from conformance.run import session
+
+    real_pick = session.pick_checkpoint
+    monkeypatch.setattr(session, "pick_checkpoint", _reached(lambda *a: forgotten(real_pick(*a), piece), calls))
 
 
 def resume_in_process(ref: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -72,6 +72,8 @@ def run_case(case: Case, backend: Backend) -> Result:
     except TwinstepError as exc:
         return _error_result(case, backend, exc)
     except Exception as exc:  # a crash in a backend is a failure of that backend, not of the run
+        if case.expects_error and isinstance(exc, AttributeError) and exc.obj is case.expected:  # read after it returned
+            return _result(case, backend, False, f"expected {case.expected.error} but the backend returned normally")
         return _result(case, backend, False, crash_message(case, backend, exc))
     if case.expects_error:
         return _result(case, backend, False, f"expected {case.expected.error} but the backend returned normally")

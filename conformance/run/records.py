@@ -94,11 +94,17 @@ def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str
          meta: dict[str, Any], versions: dict[str, Any], val_loss: float | None = None,
          ema: dict[str, Any] | None = None) -> Path | None:
     """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention; `ema`:
-    the weights' EMA ([ema]; None before it starts)."""
+    the weights' EMA ([ema]; None before it starts). The metrics written so far are made durable
+    first (fsync), so the file never lags a checkpoint. state.json repeats the manifest's val_loss
+    (conformance.run.validate cross-checks them)."""
     if not run.is_main:
         return None
+    if run.metrics is not None:
+        run.metrics.sync()
     spec = run.config.checkpoint
-    state = ckpt.TrainingState(updates_done, model, optimizer, rng, meta, dump_config(run.config), ema)
-    return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val_loss,
+    val = _finite_or_none(val_loss)
+    state = ckpt.TrainingState(updates_done, model, optimizer, rng, {**meta, "val_loss": val}, dump_config(run.config),
+                               ema)
+    return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val,
                                 world_size=run.world_size, keep_last=spec.keep_last, keep_best=spec.keep_best,
                                 events=run.events)

@@ -11,6 +11,7 @@ import numpy as np
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
+from conformance.errors import CheckpointError
 from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
@@ -77,7 +78,7 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
     a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(updates)).state
     try:
         b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(updates)).state
-    except ck.CheckpointError as exc:
+    except CheckpointError as exc:
         return [f"final checkpoint: {exc}"]
     if (a.ema is None) != (b.ema is None):
         out.append(f"ema: {'missing' if b.ema is None else 'unexpected'} in the final checkpoint")
@@ -101,7 +102,8 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
 
 
 def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
-    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
+    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start.
+    Plant it after conformance.run.session.pick_checkpoint (which refuses such a checkpoint)."""
     state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
     if piece == "model":  # weights never restored: any other values than the saved ones
         state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
