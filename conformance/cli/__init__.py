@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from conformance.errors import TwinstepError
 
-COMMANDS: tuple[str, ...] = ("conform", "config", "train", "schedule", "plot", "compare", "port")
+COMMANDS: tuple[str, ...] = ("conform", "config", "train", "data", "schedule", "plot", "compare", "port")
 
 
 def build_parser() -> argparse.ArgumentParser:
