@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from conformance import checkpoint as ckpt
 from conformance.config import Config, dump_config
-from conformance.data import DataPipeline
+from conformance.data import DataPipeline, Dataset
 from conformance.errors import CheckpointError, ConfigError
 from conformance.rules.inputs import INDEX_LOSSES
 from conformance.run.counters import Counters
@@ -97,13 +97,17 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = False, rank: int = 0,
-             world_size: int = 1, progress: str = "auto", metrics: bool = True, events: Events | None = None) -> Run:
+             world_size: int = 1, progress: str = "auto", metrics: bool = True, events: Events | None = None,
+             dataset: Dataset | None = None, check_loss: bool = True) -> Run:
     """Prepare the output directory, the data, the checkpoint to resume from and the metrics log.
 
-    Rank 0 writes DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None."""
+    Rank 0 writes DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None.
+    `dataset`: data passed to train() (conformance.run.objects), else the config's; `check_loss`:
+    refuse a `[loss]` that does not fit the targets (False when a loss_fn replaces `[loss]`)."""
     out = Path(out_dir)
-    data = DataPipeline(config, rank, world_size)
-    check_task(config, data.info.task)
+    data = DataPipeline(config, rank, world_size, dataset)
+    if check_loss:
+        check_task(config, data.info.task)
     checkpoint = None
     counters = Counters()
     if rank == 0:
