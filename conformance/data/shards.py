@@ -53,7 +53,8 @@ def read_header(path: str | Path, field: str = "data.path") -> ShardHeader:
     except OSError as exc:
         raise InputError(f"{field}: {p}: cannot read ({exc.strerror})") from None
     if len(raw) < HEADER_BYTES:
-        raise InputError(f"{field}: {p} has {size} bytes, fewer than the {HEADER_BYTES}-byte header of a token shard")
+        raise InputError(f"{field}: {p}: the file has {size} bytes, fewer than the {HEADER_BYTES}-byte header of a "
+                         f"token shard")
     header = np.frombuffer(raw, "<i4")
     if int(header[0]) != MAGIC:
         raise InputError(f"{field}: {p}: header magic is {int(header[0])}, not {MAGIC} (not an llm.c token shard)")
@@ -62,8 +63,8 @@ def read_header(path: str | Path, field: str = "data.path") -> ShardHeader:
                          f"other versions are not supported")
     count = int(header[2])
     if count < 0 or size != HEADER_BYTES + 2 * count:
-        raise InputError(f"{field}: {p} has {size} bytes, but its header says {count} tokens "
-                         f"({HEADER_BYTES + 2 * max(count, 0)} bytes); the file is truncated or not a shard")
+        raise InputError(f"{field}: {p}: the file has {size} bytes, but its header says {count} tokens "
+                         f"({HEADER_BYTES + 2 * max(count, 0)} bytes); truncated, or not a token shard")
     return ShardHeader(p, count, raw)
 
 
