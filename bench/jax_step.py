@@ -101,11 +101,11 @@ def step_pair(config: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
                      optax.inject_hyperparams(optax.adamw)(learning_rate=config.optimizer.lr,
                                                            weight_decay=config.optimizer.weight_decay))
     params = place.put_replicated(jax.tree.map(np.asarray, ts.params_numpy(state)))
-    xs, ys = arrays["x"], arrays["y"]
+    xs, ys = arrays["data"]["x"], arrays["data"]["y"]
     lrs = jnp.asarray(parts.tables["lr"][:, 0])
 
     def loss(p: Any, x: Any, y: Any) -> Any:
-        logits = policy.cast_to_output(apply(p, x))  # the same model function (autocast for half dtypes)
+        logits = policy.cast_to_output(apply(p, None, x, None, True)[0])  # the same model function (autocast for half dtypes)
         if tokens:
             logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()

@@ -73,7 +73,8 @@ def seed_loop(config: Any, minimal: bool = False) -> float:
     device = torch.device(config.run.device)
     data = DataPipeline(config)
     train = data.dataset.train
-    x, y = (torch.from_numpy(a) for a in train.take(torch.arange(len(train)).numpy()))
+    whole = train.take(torch.arange(len(train)).numpy())
+    x, y = torch.from_numpy(whole["x"]), torch.from_numpy(whole["y"])
     x = x.float() if x.is_floating_point() else x
     if minimal:
         x, y = x.to(device), y.to(device)

@@ -45,14 +45,14 @@ class Placement(NamedTuple):
 
         return jax.tree.map(put, tree)
 
-    def put_batch(self, arrays: dict[str, np.ndarray], axis: int) -> dict[str, Any]:
-        """Arrays with a sample axis at `axis` are split over the devices; scalars and shorter
-        arrays (per-micro-batch flags) are replicated."""
-        out = {}
-        for key, value in arrays.items():
+    def put_batch(self, arrays: dict[str, Any], axis: int) -> dict[str, Any]:
+        """Arrays (nested mappings too) with a sample axis at `axis` are split over the devices;
+        scalars and shorter arrays (per-micro-batch flags) are replicated."""
+        def put(value: np.ndarray) -> Any:
             sharded = value.ndim > axis and self.count > 1
-            out[key] = jax.device_put(value, self.batch_sharding(value.ndim, axis) if sharded else self.replicated)
-        return out
+            return jax.device_put(value, self.batch_sharding(value.ndim, axis) if sharded else self.replicated)
+
+        return jax.tree.map(put, arrays)
 
 
 def select_devices(device: str) -> tuple[Any, ...]:

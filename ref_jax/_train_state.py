@@ -1,7 +1,8 @@
 """The JAX trainer's state: built from a config, restored from and saved to neutral checkpoints.
 
 A checkpoint written here is the one conformance.checkpoint defines for both trainers: parameters
-by neutral name in their own dtype, the optimizer state under docs/contract.md §4's names
+by neutral name in their own dtype (with a user's model, its non-parameter state beside them:
+ref_jax._model), the optimizer state under docs/contract.md §4's names
 (ref_jax.optimizers.export_state), the loss scale as scale_state_to_dict, counters and data
 position in the meta, and the JAX root key with the host generators under "rank0/"
 (conformance.checkpoint.rng.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
@@ -28,7 +29,7 @@ from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import start_lrs
 from conformance.run import records
 from conformance.run.session import Run
-from ref_jax import backend
+from ref_jax import _model, backend
 from ref_jax._parallel import Placement
 from ref_jax._schedules import (
     PlateauState,
@@ -42,7 +43,6 @@ from ref_jax._update import UpdateState
 from ref_jax._window import WindowLayout, rows_for
 from ref_jax.checkpoint import capture_rng, restore_rng
 from ref_jax.ema import EmaState, export_ema, import_ema, init_ema
-from ref_jax.models import _set_autocast, build_model, functional, named_parameters
 from ref_jax.optimizers import (
     build_optimizer,
     export_state,
@@ -64,8 +64,9 @@ from ref_jax.schedules import schedule_values
 
 class Parts(NamedTuple):
     """The run's fixed pieces: the model as a pure function, its initial parameters, the dtype
-    policy, the optimizer, the schedule's values per position (schedule_tables) and the window
-    layout."""
+    policy, the optimizer, the schedule's values per position (schedule_tables), the window
+    layout, and the model's initial non-parameter state with a way to write final values back into
+    a user's module (ref_jax._model)."""
 
     apply: Any
     params: dict[str, Any]
@@ -74,24 +75,24 @@ class Parts(NamedTuple):
     tables: dict[str, np.ndarray]
     layout: WindowLayout
     eval_rows: int
+    state: dict[str, Any]
+    write_back: Any
 
 
-def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: int, planned: int) -> Parts:
-    """Model (conformance.rules.models.init_params(model, data, run.seed): torch's initial weights),
-    optimizer, schedules and window layout of a config."""
+def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: int, planned: int,
+          model: Any = None) -> Parts:
+    """Model (the built-in one with conformance.rules.models.init_params(model, data, run.seed):
+    torch's initial weights; or the user's `model`), optimizer, schedules and window layout."""
     policy = get_policy(config.precision)
-    model = build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype)
-    if config.precision.autocast:  # torch.autocast's semantics, op by op, over float32 master weights
-        _set_autocast(model, policy.compute_dtype)
-    params = dict(named_parameters(model))
+    m = _model.make(config, info, model)
+    params = m.params
     tx = build_optimizer(config.optimizer, params)
     tables = schedule_tables(config, updates_per_epoch, planned)
-    tokens = info.task == "language_model"
     real = backend.framework_dtype(config.precision.param_dtype)
-    layout = WindowLayout(config.accumulation.steps, rows_for(config.data.batch_size, place.count),
-                          np.int32 if tokens else real, np.int32 if info.task != "regression" else real, real, tokens)
+    layout = WindowLayout(config.accumulation.steps, rows_for(config.data.batch_size, place.count), real,
+                          info.task == "language_model")
     eval_rows = rows_for(config.data.eval_batch_size or config.data.batch_size, place.count)
-    return Parts(functional(model), params, policy, tx, tables, layout, eval_rows)
+    return Parts(m.apply, params, policy, tx, tables, layout, eval_rows, m.state, m.write_back)
 
 
 def schedule_tables(config: Config, updates_per_epoch: int, planned: int) -> dict[str, np.ndarray]:
@@ -143,15 +144,16 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
     """(TrainState, root key): fresh, or the checkpoint `run` resumes from (either trainer's)."""
     config = run.config
     key = jax.random.key(config.run.seed)
-    params = parts.params
+    params, model_state = parts.params, parts.state
     opt_state = parts.tx.init(params)
     scale = init_scale_state(config.precision)
     skips = init_skip_state()
     found = run.checkpoint
     if found is not None:
         saved = found.state
-        check_tensors(_expected(params), saved.model)
+        check_tensors({**_expected(params), **_model.expected(model_state)}, saved.model)
         params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
+        model_state = _model.from_tensors(model_state, saved.model)
         meta = saved.meta or {}
         opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
                                                          "state": saved.optimizer or {}})
@@ -168,7 +170,8 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
         if restored is not None:
             key = restored  # a torch checkpoint holds no JAX key: the seed's key is the same one
     position = run.counters.schedule_t
-    state = TrainState(UpdateState(params, opt_state, scale, skips), jnp.asarray(position, jnp.int32))
+    update = UpdateState(params, opt_state, scale, skips, model_state or None)
+    state = TrainState(update, jnp.asarray(position, jnp.int32))
     return place.put_replicated(state), place.put_replicated(key)
 
 
@@ -193,6 +196,11 @@ def params_numpy(state: TrainState) -> dict[str, np.ndarray]:
     return {n: np.array(jax.device_get(p)) for n, p in state.update.params.items()}
 
 
+def model_numpy(state: TrainState) -> dict[str, np.ndarray]:
+    """What a checkpoint's model holds: the parameters and the model's own state, by neutral name."""
+    return {**params_numpy(state), **_model.to_tensors(state.update.model_state or {})}
+
+
 def versions(place: Placement) -> dict[str, Any]:
     """Library versions, PRNG/numerics flags and the devices of the mesh, for the manifest."""
     d = backend.describe()
@@ -214,5 +222,5 @@ def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: 
     rng, rng_meta = pack_rank_rng([capture_rng(key)])
     neutral = None if plateau_state is None else plateau.to_json(plateau_neutral(plateau_state))
     meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta, neutral)
-    return records.save(run, updates_done, params_numpy(state), exported["state"], rng, meta, versions(place), val_loss,
+    return records.save(run, updates_done, model_numpy(state), exported["state"], rng, meta, versions(place), val_loss,
                         ema=export_ema(ema))

@@ -7,7 +7,10 @@ schedule position `state.schedule_t` → ref_jax._update's path (scale → the w
 ref_jax.accumulation.accumulate_gradients → unscale → finite check → clip → optimizer update kept only if finite → loss-scale update) →
 the position advances unless the update was skipped and schedule_on_skip = "hold". The position
 lives on the device, so the host never has to wait for one update before launching the next.
-The train state is donated: its buffers are reused for the new state.
+The train state is donated: its buffers are reused for the new state. A model with state of its
+own (an NNX module's BatchStat or RNG counts: ref_jax._model, UpdateState.model_state) threads it
+through the window's micro-batches in order; as torch's buffers, it keeps what the forward passes
+did to it even when the update is skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from conformance.config import Config
+from conformance.data.user import SAMPLE_MASK
 from conformance.rules.schedules import cycled_hyperparameter
 from ref_jax._parallel import Placement
 from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
@@ -27,6 +31,7 @@ from ref_jax.losses import LossOutput, compute_loss
 from ref_jax.precision import Policy
 
 INDEX_LOSSES = ("cross_entropy", "nll")
+UserLoss = Callable[[Any, Any], Any] | None
 
 
 class TrainState(NamedTuple):
@@ -50,33 +55,53 @@ def _element_mask(config: Config, out: Any, y: Any, rows: Any) -> Any:
     return jnp.broadcast_to(rows.reshape(rows.shape + (1,) * (out.ndim - 1)), out.shape)
 
 
+def user_loss(loss_fn: Callable[[Any, Any], Any], out: Any, data: Any, rows: Any) -> LossOutput:
+    """loss_fn(output, batch) -> (sum, count) as a LossOutput (value = sum / count, 0 for a batch of
+    padding only); the batch gains `sample_mask`, True for the real rows."""
+    got = loss_fn(out, {**data, SAMPLE_MASK: rows})
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise TypeError(f"loss_fn must return (sum, count); received {type(got).__name__}")
+    total = jnp.asarray(got[0])
+    total = total.astype(jnp.float32) if total.dtype in (jnp.float16, jnp.bfloat16) else total
+    count = jnp.asarray(got[1]).astype(total.dtype)
+    return LossOutput(total / jnp.where(count > 0, count, jnp.ones_like(count)), total, count)
+
+
 def forward_loss(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
-                 params: Any, mb: Any, key: Any = None) -> tuple[LossOutput, Any]:
-    """(loss, model output) of one micro-batch {"x", "y", "mask"}: the forward pass (under
-    autocast for a half compute dtype: the model computes its linear maps in the Policy's compute
-    dtype from float32 master weights, ref_jax.models._set_autocast), the loss on outputs cast to
-    the Policy's output dtype, padding rows masked out. A language model's logits (B, T, V) meet
-    targets as (B·T, V) against (B·T,)."""
-    out = policy.cast_to_output(apply(params, mb["x"], key))
-    y, rows = mb["y"], mb["mask"]
+                 params: Any, mb: Any, key: Any = None, state: Any = None, train: bool = True,
+                 loss_fn: UserLoss = None) -> tuple[LossOutput, Any, Any, Any]:
+    """(loss, model output, targets, model state) of one micro-batch {"data": entries, "mask"}: the
+    forward pass on data[inputs] (under autocast for a half compute dtype: the built-in models
+    compute their linear maps in the Policy's compute dtype from float32 master weights,
+    ref_jax.models._set_autocast), outputs cast to the Policy's output dtype, then `[loss]` against
+    data[targets] with padding rows masked out, or loss_fn. A language model's logits (B, T, V)
+    meet targets as (B·T, V) against (B·T,)."""
+    data, rows = mb["data"], mb["mask"]
+    out, state = apply(params, state, data[config.data.inputs], key, train)
+    out = policy.cast_to_output(out)
+    if loss_fn is not None:
+        return user_loss(loss_fn, out, data, rows), out, None, state
+    y = data[config.data.targets]
     logits = out
-    if layout.tokens:
-        rows = jnp.broadcast_to(rows[:, None], y.shape).reshape(-1)
+    if layout.tokens or (config.loss.name in INDEX_LOSSES and out.ndim > 2):
+        rows = jnp.broadcast_to(rows.reshape(rows.shape + (1,) * (y.ndim - 1)), y.shape).reshape(-1)
         out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
     raw = compute_loss(config.loss, out, y, mask=_element_mask(config, out, y, rows))
-    return masked_loss(config.loss, raw, jnp.sum(rows)), logits
+    return masked_loss(config.loss, raw, jnp.sum(rows)), logits, y, state
 
 
 def make_loss_fn(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
-                 key: Any = None) -> Callable[[Any, Any], LossOutput]:
-    """loss_fn(params, micro_batch) for the window accumulation; `key` (one per update) drives
-    dropout, folded with the micro-batch index "j"."""
+                 key: Any = None, loss_fn: UserLoss = None) -> Callable[[Any, Any, Any], tuple[LossOutput, Any]]:
+    """loss_fn(params, micro_batch, model_state) -> (LossOutput, model_state) for the window
+    accumulation; `key` (one per update) drives the built-in gpt's dropout, folded with the
+    micro-batch index "j"."""
 
-    def loss_fn(params: Any, mb: Any) -> LossOutput:
+    def micro(params: Any, mb: Any, state: Any) -> tuple[LossOutput, Any]:
         mb_key = None if key is None else jax.random.fold_in(key, mb["j"])
-        return forward_loss(config, apply, policy, layout, params, mb, mb_key)[0]
+        out, _, _, state = forward_loss(config, apply, policy, layout, params, mb, mb_key, state, True, loss_fn)
+        return out, state
 
-    return loss_fn
+    return micro
 
 
 def _hyperparams(config: Config, tables: dict[str, Any], opt_state: Any, position: Any) -> tuple[list[dict], Any]:
@@ -93,13 +118,13 @@ def _hyperparams(config: Config, tables: dict[str, Any], opt_state: Any, positio
 
 
 def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, tx: Any, layout: WindowLayout,
-                    place: Placement) -> Callable[..., tuple[TrainState, StepOutput]]:
+                    place: Placement, loss_fn: UserLoss = None) -> Callable[..., tuple[TrainState, StepOutput]]:
     """The jitted, donating train step step(state, window, t, tables, root_key) -> (state, StepOutput).
 
     `tables` holds the schedule's values at every position ({"lr": [positions, groups], and
     "momentum" when onecycle cycles it}), computed once in float64 and rounded to the parameter
     dtype, as torch applies its double-precision lr: a float32 run never evaluates cos() near its
-    end in float32 (measured 1e-6 relative error there)."""
+    end in float32 (measured 1e-6 relative error there). `loss_fn`: a user's, instead of [loss]."""
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     advance_on_skip = config.precision.schedule_on_skip == "advance"
     dropout = config.model.name == "gpt" and config.model.dropout > 0
@@ -107,14 +132,15 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
     def step(state: TrainState, window: dict[str, Any], t: Any, tables: dict[str, Any],
              root_key: Any) -> tuple[TrainState, StepOutput]:
         key = jax.random.fold_in(root_key, t) if dropout else None
-        loss_fn = make_loss_fn(config, apply, policy, layout, key)
+        micro = make_loss_fn(config, apply, policy, layout, key, loss_fn)
 
-        def injected(p: Any, mb: Any) -> LossOutput:
-            out = loss_fn(p, mb)
+        def injected(p: Any, mb: Any, st: Any = None) -> Any:
+            out, st = micro(p, mb, st)
             # [run] inject_nonfinite: every micro-batch loss of the update × +inf before the backward
             # pass (conformance.run.batches.injected), so loss and gradients are non-finite as in an overflow
             factor = jnp.where(mb["inject"], jnp.inf, 1.0).astype(out.sum.dtype)
-            return LossOutput(out.value * factor, out.sum * factor, out.count)
+            out = LossOutput(out.value * factor, out.sum * factor, out.count)
+            return out if state.update.model_state is None else (out, st)
 
         hyper, lrs = _hyperparams(config, tables, state.update.opt_state, state.schedule_t)
         new, info = make_update_step(specs, tx, injected)(state.update, window, None, hyper)
@@ -132,18 +158,19 @@ class EvalSums(NamedTuple):
 
 
 def make_eval_step(config: Config, apply: Callable[..., Any], policy: Policy, layout: WindowLayout,
-                   place: Placement) -> Callable[[Any, dict[str, Any]], EvalSums]:
-    """eval(params, batch) -> EvalSums: the loss sum and count of one padded validation batch (eval
-    mode: no dropout) and, for class losses (tokens included), correct argmax predictions among
-    the targets that are not ignore_index, as the torch trainer counts them."""
-    classes = config.loss.name in INDEX_LOSSES
+                   place: Placement, loss_fn: UserLoss = None) -> Callable[[Any, Any, dict[str, Any]], EvalSums]:
+    """eval(params, model_state, batch) -> EvalSums: the loss sum and count of one padded
+    validation batch (eval mode: no dropout, BatchNorm's running statistics) and, for class losses
+    (tokens included), correct argmax predictions among the targets that are not ignore_index, as
+    the torch trainer counts them. The model state is read, not changed."""
+    classes = config.loss.name in INDEX_LOSSES and loss_fn is None
 
-    def evaluate(params: Any, batch: dict[str, Any]) -> EvalSums:
-        out, logits = forward_loss(config, apply, policy, layout, params, batch)
+    def evaluate(params: Any, state: Any, batch: dict[str, Any]) -> EvalSums:
+        out, logits, y, _ = forward_loss(config, apply, policy, layout, params, batch, None, state, False, loss_fn)
         zero = jnp.zeros((), jnp.int32)
         if not classes:
             return EvalSums(out.sum, out.count, zero, zero)
-        y = batch["y"]
+        y = batch["data"][config.data.targets]
         valid = jnp.broadcast_to(batch["mask"].reshape(batch["mask"].shape + (1,) * (y.ndim - 1)), y.shape)
         valid = valid & (y != config.loss.ignore_index)
         hit = (jnp.argmax(logits, axis=-1) == y) & valid

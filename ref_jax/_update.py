@@ -51,10 +51,14 @@ class UpdateSpecs(NamedTuple):
 
 
 class UpdateState(NamedTuple):
+    """Parameters, optimizer state, loss scale, skip counters, and the model's own non-trainable
+    state (None: a model without one)."""
+
     params: Any
     opt_state: Any
     scale: LossScaleState
     skips: SkipState
+    model_state: Any = None
 
 
 class UpdateInfo(NamedTuple):
@@ -94,14 +98,17 @@ def make_update_step(
     specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any],
 ) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
     """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update over a
-    window laid out by ref_jax._window (accumulate_gradients(specs.accumulation, loss_fn, ...))."""
+    window laid out by ref_jax._window (accumulate_gradients(specs.accumulation, loss_fn, ...)).
+    With state.model_state (not None), loss_fn(params, micro_batch, model_state) -> (LossOutput,
+    model_state) and the new state is the one after the window, applied or skipped (as torch's
+    buffers, which the forward passes update in place)."""
     prec = specs.precision
 
     def step(state: UpdateState, window: Any, counts: Any = None,
              hyperparams: Hyperparams = None) -> tuple[UpdateState, UpdateInfo]:
         scaler = (lambda loss: scale_loss(state.scale, loss)) if prec.dynamic_scaling else None
         grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
-                                          scale_loss=scaler)
+                                          scale_loss=scaler, model_state=state.model_state)
         if prec.dynamic_scaling:
             grads, grads_ok = unscale_grads(state.scale, grads)  # before clipping
         else:
@@ -122,7 +129,8 @@ def make_update_step(
 
         _, grad_flags = finite_flags(out.loss, grads)
         new_state = UpdateState(keep(new_params, state.params), keep(new_opt, opt_state),
-                                update_scale(prec, state.scale, finite), record_update(state.skips, finite))
+                                update_scale(prec, state.scale, finite), record_update(state.skips, finite),
+                                out.model_state)
         info = UpdateInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags)
         return new_state, info
 

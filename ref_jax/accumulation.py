@@ -31,11 +31,13 @@ __all__ = ["WindowOutput", "accumulate_gradients", "check_window", "linear_forwa
 
 class WindowOutput(NamedTuple):
     """One window's loss as backpropagated (normalized, before loss scaling, no gradient), the
-    summed loss of its micro-batches, and the divisor (N for tokens, n for micro_batches)."""
+    summed loss of its micro-batches, the divisor (N for tokens, n for micro_batches) and the
+    model state after the window (None without one)."""
 
     loss: Any
     sum: Any
     count: Any
+    model_state: Any = None
 
 
 def accumulate_gradients(
@@ -47,6 +49,7 @@ def accumulate_gradients(
     scale_loss: Callable[[Any], Any] | None = None,
     reduce_count: Callable[[Any], Any] | None = None,
     no_sync: Callable[[], Any] | None = None,
+    model_state: Any = None,
 ) -> tuple[Any, WindowOutput]:
     """Gradients of one accumulation window, normalized once; returns (gradients, WindowOutput).
 
@@ -54,8 +57,15 @@ def accumulate_gradients(
     micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N, N = Σ counts (one
     count per micro-batch, from targets and masks before the forward pass); reduce_count(N) replaces
     N, e.g. all-reduced over data-parallel ranks and divided by the world size when DDP averages
-    gradients. scale_loss multiplies each backpropagated loss (dynamic loss scaling). no_sync() is
-    entered for every micro-batch but the last (DDP's model.no_sync).
+    gradients. Tokens with counts unknown before the forward pass (a user's loss_fn: torch counts
+    None, JAX a window without "divisor"): each micro-batch backpropagates sum_j and the summed
+    gradients are divided once by N = Σ of the counts loss_fn returned (reduce_count applied),
+    the same gradient up to rounding. scale_loss multiplies each backpropagated loss (dynamic loss
+    scaling). no_sync() is entered for every micro-batch but the last (DDP's model.no_sync).
+    model_state (JAX): the model's non-trainable state (BatchNorm statistics, NNX RNG counters);
+    then loss_fn(params, micro_batch, model_state) -> (LossOutput, model_state), the state threads
+    through the micro-batches in order and WindowOutput.model_state is the state after the window
+    (torch modules update their buffers in place: it is returned as given).
     torch: `window` is a sequence of micro-batches; gradients accumulate into each parameter's .grad
     (previous values are discarded) and are returned as {name: p.grad}.
     JAX: `window` is laid out on the host at one fixed shape (ref_jax._window.stack_window: each
@@ -65,7 +75,7 @@ def accumulate_gradients(
     .grad +=), an absent micro-batch not even computed (lax.cond); loss_fn's micro-batch also holds
     "j", its index in the window; gradients are returned as a pytree like params (traceable in jit)."""
     del counts, no_sync  # the host layout summed the counts; sharding places the gradient reduction
-    if not isinstance(window, Mapping) or any(k not in window for k in WINDOW_ENTRIES):
+    if not isinstance(window, Mapping) or any(k not in window for k in WINDOW_ENTRIES if k != "divisor"):
         raise InputError("the JAX accumulation loop takes a window laid out at one fixed shape "
                          "(ref_jax._window.stack_window), not a sequence of micro-batches")
     present = window["present"]
@@ -73,36 +83,47 @@ def accumulate_gradients(
     if steps > spec.steps:
         raise InputError(f"the window has {steps} micro-batch slots; accumulation.steps = {spec.steps}")
     tokens = spec.normalize == "tokens"
-    divisor = window["divisor"] if tokens else window["n"]
-    if tokens and reduce_count is not None:
+    after = tokens and "divisor" not in window  # N from loss_fn's counts, divided at the end
+    divisor = window["n"] if not tokens else (None if after else window["divisor"])
+    if tokens and not after and reduce_count is not None:
         divisor = reduce_count(divisor)
+    stateful = model_state is not None
 
-    def part_fn(p: Any, mb: Any) -> tuple[Any, tuple[Any, Any]]:
-        out = loss_fn(p, mb)
-        d = jnp.asarray(divisor).astype(out.sum.dtype)
-        part = out.sum / d if tokens else out.value / d
-        return (scale_loss(part) if scale_loss is not None else part), (part, out.sum)
+    def part_fn(p: Any, mb: Any, st: Any) -> tuple[Any, tuple[Any, Any, Any, Any]]:
+        out, st = loss_fn(p, mb, st) if stateful else (loss_fn(p, mb), st)
+        if after:
+            part = out.sum
+        else:
+            d = jnp.asarray(divisor).astype(out.sum.dtype)
+            part = out.sum / d if tokens else out.value / d
+        aux = (part, out.sum, jnp.asarray(out.count).astype(out.sum.dtype), st)
+        return (scale_loss(part) if scale_loss is not None else part), aux
 
     grad_fn = jax.grad(part_fn, has_aux=True)
     batches = {k: v for k, v in window.items() if k not in WINDOW_ENTRIES}
     batches["j"] = jnp.arange(steps, dtype=jnp.int32)
     first = jax.tree.map(lambda a: a[0], batches)
-    _, (part_shape, sum_shape) = jax.eval_shape(part_fn, params, first)
-    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), part_shape.dtype), jnp.zeros((), sum_shape.dtype))
+    _, (part_shape, sum_shape, _, _) = jax.eval_shape(part_fn, params, first, model_state)
+    zero = jnp.zeros((), sum_shape.dtype)
+    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), part_shape.dtype), zero, zero)
 
     def body(carry: Any, xs: Any) -> tuple[Any, None]:
         mb, real = xs
+        acc, loss, total, count, st = carry
 
-        def run(_: Any) -> Any:
-            g, (part, s) = grad_fn(params, mb)
-            return g, part, s
+        def run(st: Any) -> Any:
+            g, (part, s, c, st) = grad_fn(params, mb, st)
+            return (g, part, s, c), st
 
-        g, part, s = jax.lax.cond(real, run, lambda _: zeros, None)
-        acc, loss, total = carry
-        return (jax.tree.map(jnp.add, acc, g), loss + part, total + s), None
+        (g, part, s, c), st = jax.lax.cond(real, run, lambda st: (zeros, st), st)
+        return (jax.tree.map(jnp.add, acc, g), loss + part, total + s, count + c, st), None
 
-    (grads, loss, total), _ = jax.lax.scan(body, zeros, (batches, present))
-    return grads, WindowOutput(loss, total, jnp.asarray(divisor))
+    (grads, loss, total, count, state), _ = jax.lax.scan(body, (*zeros, model_state), (batches, present))
+    if after:
+        divisor = reduce_count(count) if reduce_count is not None else count
+        grads = jax.tree.map(lambda g: g / divisor.astype(g.dtype), grads)
+        loss = loss / divisor.astype(loss.dtype)
+    return grads, WindowOutput(loss, total, jnp.asarray(divisor), state)
 
 
 def linear_forward(params: Any, x: Any) -> Any:

@@ -25,6 +25,23 @@ wraps the run (64-bit types only for float64 runs), bfloat16/float16 through the
 Contract shared by every backend's `train` (same signature and docstring):
 
 - `config`: a Config, a TOML path, a mapping, or None for the built-in default.
+- `model`: a model of your own instead of `[model]` (docs/your_model.md): torch, any
+  torch.nn.Module (moved to run.device and cast to precision.param_dtype in place: the object you
+  pass is the one trained); JAX, a Flax NNX module, or the pure form `(apply_fn, params)` with
+  apply_fn(params, inputs) -> output over any pytree of parameters (linen: `(model.apply,
+  variables)`). Neutral names: torch's named_parameters() and persistent buffers; JAX pytree paths
+  joined with "." (NNX: `conv1.kernel`; linen: `params.Dense_0.kernel`), renamed by
+  `[model] rename`. Buffers and NNX non-parameter state (BatchStat, RNG counters) are checkpointed.
+  The config must not name a built-in model as well (omit `[model]`, or `name = "user"`).
+- `data`: data of your own instead of `[data] name`: a mapping of NumPy arrays (np.memmap too)
+  with a common first axis (`{"x", "y"}`: `[data] inputs` / `targets` name the entries), any object
+  with `__len__`, `take(indices) -> {name: array}` and `fingerprint` (conformance.data.sources), or
+  a pair (train, validation). Batches come from the same pipeline as the built-in data sets.
+- `loss_fn(output, batch) -> (sum, count)`: replaces `[loss]` (which compares model(inputs) with the
+  targets); `batch` holds every entry of the micro-batch as framework arrays plus `sample_mask`
+  (True for real samples; the JAX trainer pads short micro-batches with False rows, which must not
+  count). Return the loss summed over the batch and the count it averages over, so accumulation
+  and data parallelism normalize once.
 - `out_dir` gets config.toml, metrics.jsonl and checkpoints/ (only rank 0 writes files).
 - `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
@@ -56,7 +73,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +87,7 @@ from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
+from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.records import (
     EvalTotals,
     add_eval,
@@ -84,7 +102,7 @@ from ref_jax import _train_state as ts
 from ref_jax._parallel import placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
-from ref_jax._window import pad_rows
+from ref_jax._window import batch_fields, pad_rows
 from ref_jax.ema import update_ema
 from ref_jax.optimizers import to_eval_point
 from ref_jax.precision import numerics_context
@@ -96,39 +114,42 @@ def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config
     return config if isinstance(config, Config) else load_config(config)
 
 
-def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, resume: bool = False,
+def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, model: Any = None,
+          data: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None, resume: bool = False,
           rank: int | None = None, world_size: int | None = None, progress: str | None = None,
           events: Events | None = None) -> TrainResult:
-    """Train `config` into `out_dir` and return a TrainResult (see the module docstring: files,
-    resume, ranks, progress, events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
-    for a config that cannot run, CheckpointError for a refused resume, NonFiniteError under the
-    non-finite policy; files already written stay intact."""
-    config = _as_config(config)
+    """Train `config` (and the model, data and loss_fn given, if any) into `out_dir` and return a
+    TrainResult (see the module docstring: your own model and data, files, resume, ranks, progress,
+    events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError for a config that
+    cannot run, InputError for unusable data or model, CheckpointError for a refused resume,
+    NonFiniteError under the non-finite policy; files already written stay intact."""
+    config = resolve_config(_as_config(config), model is not None, data is not None)
     rank_ = int(os.environ.get("RANK", "0")) if rank is None else rank
     world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     if rank_ != 0 or world != 1:
         raise UnsupportedError(f"the JAX trainer runs as one process (rank {rank_} of {world} requested) and "
                                f"splits each batch over that process's devices with jax.sharding; launch it "
                                f"without torchrun")
+    dataset = given_dataset(config, data, loss_fn is not None)
     with numerics_context(config.precision):
         run = open_run(config, out_dir, "jax", resume=resume, progress=progress or config.run.progress,
-                       events=events)
+                       events=events, dataset=dataset, check_loss=loss_fn is None)
         try:
-            return _loop(run)
+            return _loop(run, model, loss_fn)
         finally:
             run.close()
 
 
-def _loop(run: Run) -> TrainResult:
+def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> TrainResult:
     config = run.config
     random.seed(config.run.seed)  # the host generators, seeded as the torch trainer seeds them
     np.random.seed(config.run.seed % 2**32)
     place = placement(config.run.device)
-    parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned)
+    parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned, model)
     state, key = ts.initial_state(parts, run, place)
     average = ts.initial_ema(config, parts.params, run, place)
     ema_step = jax.jit(lambda a, p, due: update_ema(config.ema, a, p, due), donate_argnums=(0,))
-    step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place)
+    step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place, loss_fn)
     check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
     plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
     tables = place.put_replicated(parts.tables if plateau is None else ts.plateau_tables(parts, plateau))
@@ -141,7 +162,8 @@ def _loop(run: Run) -> TrainResult:
             run.metrics.stream.write(f"twinstep: note: {note}\n")
     losses: list[float] = []
     last: Path | None = None
-    prepared = _prepare(run, parts, place, run.start) if run.start < run.planned else None
+    user = loss_fn is not None
+    prepared = _prepare(run, parts, place, run.start, user) if run.start < run.planned else None
     for t in range(run.start, run.planned):
         window, arrays, data_s = prepared
         t0 = time.perf_counter()
@@ -150,7 +172,7 @@ def _loop(run: Run) -> TrainResult:
             average = ema_step(average, state.update.params, ema_due(config.ema, t) & ~out.info.skipped)
         notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
-        prepared = _prepare(run, parts, place, t + 1) if t + 1 < run.planned else None
+        prepared = _prepare(run, parts, place, t + 1, user) if t + 1 < run.planned else None
         overlap = prepared[2] if prepared is not None else 0.0
         out = jax.device_get(out)  # the update's one wait for the device: every metric in one transfer
         info = finish_update(specs, state.update, out.info, update=t)
@@ -163,8 +185,9 @@ def _loop(run: Run) -> TrainResult:
             run.metrics.log_update(update_record(run, t, window, info, _lrs(out), data_s, compute_s, **extra))
         val_loss = None
         if eval_due(run, t):
-            evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place)
-            record = eval_record(t, _evaluate(run, parts, place, evaluate, _evaluation_params(config, state, average)))
+            evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place, loss_fn)
+            weights = _evaluation_params(config, state, average)
+            record = eval_record(t, _evaluate(run, parts, place, evaluate, weights, state.update.model_state))
             state = ts.round_trip(state)
             val_loss = record["val_loss"]
             best = run.counters.best_val_loss
@@ -183,6 +206,7 @@ def _loop(run: Run) -> TrainResult:
             if not due:
                 last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
             raise run.preempted(t + 1, last)
+    parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds the result
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
 
@@ -199,11 +223,13 @@ def _lrs(out: StepOutput) -> list[float]:
     return [float(x) for x in np.asarray(out.lrs, np.float64)]
 
 
-def _prepare(run: Run, parts: ts.Parts, place: Any, t: int) -> tuple[Any, dict[str, Any], float]:
-    """Update t's window: the host batches, padded to the fixed shape and placed on the mesh."""
+def _prepare(run: Run, parts: ts.Parts, place: Any, t: int, user_loss: bool) -> tuple[Any, dict[str, Any], float]:
+    """Update t's window: the host batches, padded to the fixed shape and placed on the mesh (a
+    loss_fn's counts come with its sums: no divisor is laid out)."""
     t0 = time.perf_counter()
     window = run.data.window(t)
-    arrays = parts.layout.pad(window, window_counts(run.config, window), injected(run.config, t))
+    counts = None if user_loss else window_counts(run.config, window)
+    arrays = parts.layout.pad(window, counts, injected(run.config, t))
     placed = place.put_batch(arrays, axis=1)
     return window, placed, time.perf_counter() - t0
 
@@ -215,13 +241,13 @@ def _evaluation_params(config: Config, state: Any, average: Any) -> Any:
     return to_eval_point(state.update.opt_state, state.update.params)
 
 
-def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, params: Any) -> EvalTotals:
+def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, params: Any, model_state: Any) -> EvalTotals:
     """Σ loss sums / Σ counts over every validation sample, and accuracy for classification."""
     total = EvalTotals()
     layout = parts.layout
     for batch in run.data.val_batches():
-        arrays = pad_rows(batch.x, batch.y, parts.eval_rows, layout.x_dtype, layout.y_dtype)
-        sums = jax.device_get(evaluate(params, place.put_batch(arrays, axis=0)))
+        arrays = pad_rows(batch_fields(batch), parts.eval_rows, layout.real_dtype)
+        sums = jax.device_get(evaluate(params, model_state, place.put_batch(arrays, axis=0)))
         total = add_eval(total, float(sums.loss_sum), float(sums.count), int(sums.correct), int(sums.predictions))
     return total
 

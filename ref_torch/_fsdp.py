@@ -15,12 +15,12 @@ is not used: its metadata and non-tensor entries are pickles (docs/training.md).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import math
 from collections.abc import Callable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -29,11 +29,9 @@ try:  # builds without torch.distributed have no DTensor: nothing can be sharded
 except ImportError:  # pragma: no cover
     DTensor = type("DTensor", (), {})  # type: ignore[misc,assignment]
 
-from conformance.checkpoint import check_tensors
 from conformance.config import Config
 from conformance.errors import ConfigError
-from ref_torch.checkpoint import _to_numpy
-from ref_torch.models import GPT, named_parameters
+from ref_torch.models import GPT, MLP, LinearModel
 from ref_torch.optimizers import export_state, import_state
 
 
@@ -47,13 +45,28 @@ def check(config: Config) -> None:
                           "turn compile off")
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
-    """fully_shard each gpt block / mlp Linear, then the root (which keeps the tied embedding)."""
+def units_of(model: torch.nn.Module, patterns: list[str] | None = None) -> list[torch.nn.Module]:
+    """The FSDP units below the root: each gpt block / mlp Linear of the built-in models; of a user's
+    module the submodules whose `named_modules()` name matches a pattern of `[model] fsdp_units`
+    (shell globs, `*` matching dots too), by default every top-level child that holds parameters."""
+    if isinstance(model, GPT):
+        return list(model.transformer.h)
+    if isinstance(model, (LinearModel, MLP)):
+        return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model]
+    if patterns is None:
+        return [m for m in model.children() if any(True for _ in m.parameters())]
+    named = [(n, m) for n, m in model.named_modules() if n]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in named):
+            raise ConfigError(f"model.fsdp_units: {pattern!r} matches no submodule (named_modules() names)")
+    return [m for n, m in named if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def shard(model: torch.nn.Module, patterns: list[str] | None = None) -> torch.nn.Module:
+    """fully_shard each unit (units_of), then the root (which keeps the gpt's tied embedding)."""
     from torch.distributed.fsdp import fully_shard
 
-    units = list(model.transformer.h) if isinstance(model, GPT) else [
-        m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model]
-    for unit in units:
+    for unit in units_of(model, patterns):
         fully_shard(unit)
     fully_shard(model)
     return model
@@ -100,23 +113,14 @@ def global_norm(norm: Any, norm_type: float) -> Any:
     return (out[0] ** (1.0 / norm_type)).to(norm.dtype)
 
 
-def _full(t: Any) -> Any:
+def full(t: Any) -> Any:
+    """The whole tensor of a sharded one (collective), else the tensor itself."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def model_state(model: Any) -> dict[str, np.ndarray]:
-    """Whole parameters as NumPy (collective: every rank must call it)."""
-    return {name: _to_numpy(_full(p.detach())) for name, p in named_parameters(model).items()}
-
-
-def load_model_state(model: Any, tensors: dict[str, np.ndarray]) -> None:
-    """Whole checkpoint tensors into the sharded parameters (checked as load_model_state checks)."""
-    params = named_parameters(model)
-    check_tensors({n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in params.items()}, tensors)
-    with torch.no_grad():
-        for name, p in params.items():
-            src = torch.from_numpy(np.ascontiguousarray(tensors[name]).copy()).to(device=p.device, dtype=p.dtype)
-            p.copy_(distribute_tensor(src, p.device_mesh, p.placements) if isinstance(p, DTensor) else src)
+def like(src: Any, target: Any) -> Any:
+    """A whole tensor as `target` holds it: this rank's shard when `target` is sharded."""
+    return distribute_tensor(src, target.device_mesh, target.placements) if isinstance(target, DTensor) else src
 
 
 def export_optimizer(optimizer: Any) -> dict[str, Any]:
@@ -126,7 +130,7 @@ def export_optimizer(optimizer: Any) -> dict[str, Any]:
         for p in group["params"]:
             if p in optimizer.state:  # sorted: every rank must gather the same tensors in the same order
                 st = optimizer.state[p]
-                state[p] = {k: _full(st[k]) if isinstance(st[k], torch.Tensor) else st[k] for k in sorted(st)}
+                state[p] = {k: full(st[k]) if isinstance(st[k], torch.Tensor) else st[k] for k in sorted(st)}
     return export_state(SimpleNamespace(param_groups=optimizer.param_groups, state=state))
 
 

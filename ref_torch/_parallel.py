@@ -107,16 +107,18 @@ def barrier(world_size: int) -> None:
         dist.barrier()
 
 
-def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel: str = "ddp") -> Any:
+def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel: str = "ddp",
+         units: list[str] | None = None) -> Any:
     """The module the forward pass goes through: DDP over the model, or the model itself sharded in
-    place by FSDP2 (ref_torch._fsdp), or the model itself on one process. Gradients are averaged
-    over ranks either way. Build the optimizer after this (FSDP replaces the parameters)."""
+    place by FSDP2 (ref_torch._fsdp; `units`: [model] fsdp_units), or the model itself on one
+    process. Gradients are averaged over ranks either way. Build the optimizer after this (FSDP
+    replaces the parameters)."""
     if world_size == 1:
         return model
     if parallel == "fsdp":
         from ref_torch import _fsdp
 
-        return _fsdp.shard(model)
+        return _fsdp.shard(model, units)
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None

@@ -1,7 +1,9 @@
 """The torch trainer's checkpoint content: capture and restore every piece of a run's state.
 
-Saved (docs/contract.md §5, reliability.md §3.4's checklist): model parameters (a schedule-free
-optimizer's evaluation point x, as its package documents); the weights' EMA ([ema]); optimizer state in the
+Saved (docs/contract.md §5, reliability.md §3.4's checklist): the model's tensors by neutral name
+(parameters, frozen parameters and persistent buffers: ref_torch._model.Tensors; the parameters at a
+schedule-free optimizer's evaluation point x, as its package documents); the weights' EMA ([ema]);
+optimizer state in the
 neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
 (counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t); a
 reduce_on_plateau scheduler gets its neutral state back with restore_plateau); the
@@ -14,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import ml_dtypes
 import numpy as np
 import torch
 
-from conformance.checkpoint import Checkpoint
+from conformance.checkpoint import Checkpoint, check_tensors
 from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_rank_rng
 from conformance.errors import CheckpointError
 from conformance.rules import plateau
@@ -25,9 +28,10 @@ from conformance.run import records
 from conformance.run.session import Run
 from ref_torch import _fsdp
 from ref_torch import _parallel as ddp
+from ref_torch._model import Tensors
 from ref_torch._schedules import MetricPlateau, load_plateau
 from ref_torch.backend import describe
-from ref_torch.checkpoint import load_model_state, model_state, restore_rng
+from ref_torch.checkpoint import _to_numpy, restore_rng
 from ref_torch.ema import export_ema, import_ema
 from ref_torch.optimizers import (
     export_state,
@@ -40,11 +44,13 @@ from ref_torch.precision import LossScaler, SkipState
 
 class Objects(NamedTuple):
     """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer,
-    the loss scaler and the weights' EMA (ref_torch.ema.EmaState, None without [ema])."""
+    the loss scaler, the module's tensors by neutral name and the weights' EMA
+    (ref_torch.ema.EmaState, None without [ema])."""
 
     model: Any
     optimizer: Any
     scaler: LossScaler
+    tensors: Tensors
     ema: Any = None
 
 
@@ -66,7 +72,7 @@ def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_
     per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
     sharded = _fsdp.is_sharded(objs.model)
     # sharded state is gathered to whole tensors: collectives every rank joins before rank 0 writes
-    weights = _fsdp.model_state(objs.model) if sharded else None
+    weights = whole(objs.tensors.all())
     opt = _fsdp.export_optimizer(objs.optimizer) if sharded else None
     if not run.is_main:
         return None
@@ -74,9 +80,25 @@ def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_
     opt = opt if opt is not None else export_state(objs.optimizer)
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
     meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng, plateau)
-    return records.save(run, updates_done, weights if weights is not None else model_state(objs.model),
-                         opt["state"], tensors, meta, versions=_versions(), val_loss=val_loss,
-                         ema=export_ema(objs.ema))
+    return records.save(run, updates_done, weights, opt["state"], tensors, meta, versions=_versions(),
+                        val_loss=val_loss, ema=export_ema(objs.ema))
+
+
+def whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Whole tensors as NumPy in their own dtype (collective where FSDP shards them: every rank calls)."""
+    return {name: _to_numpy(_fsdp.full(t.detach())) for name, t in tensors.items()}
+
+
+def load_tensors(tensors: dict[str, Any], saved: dict[str, np.ndarray]) -> None:
+    """Copy a checkpoint's whole tensors into the model's (sharded ones keep their shard). Names,
+    shapes and dtypes must match exactly, else CheckpointError naming the first, nothing changed."""
+    check_tensors({n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}, saved)
+    with torch.no_grad():
+        for name, t in tensors.items():
+            arr = np.array(saved[name], order="C")  # a copy; ascontiguousarray would make a scalar 1-d
+            src = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) \
+                if arr.dtype == ml_dtypes.bfloat16 else torch.from_numpy(arr)
+            t.copy_(_fsdp.like(src.to(t.device), t))
 
 
 def capture_rng(device: torch.device) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -102,7 +124,7 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
     to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
-    (_fsdp.load_model_state if sharded else load_model_state)(objs.model, state.model)
+    load_tensors(objs.tensors.all(), state.model)
     neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
     (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
     to_train_point(objs.optimizer, None)
@@ -127,6 +149,7 @@ def restore_plateau(checkpoint: Checkpoint, scheduler: MetricPlateau) -> None:
     load_plateau(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
 
 
-def final_params(model: Any) -> dict[str, np.ndarray]:
-    """The parameters as NumPy arrays in their own dtype (TrainResult.params; collective if sharded)."""
-    return _fsdp.model_state(model) if _fsdp.is_sharded(model) else model_state(model)
+def final_params(objs: Objects) -> dict[str, np.ndarray]:
+    """The parameters (trainable and frozen) as NumPy arrays in their own dtype by neutral name
+    (TrainResult.params; collective if sharded)."""
+    return whole({**objs.tensors.params, **objs.tensors.frozen})

@@ -28,11 +28,13 @@ __all__ = ["WindowOutput", "accumulate_gradients", "check_window", "linear_forwa
 
 class WindowOutput(NamedTuple):
     """One window's loss as backpropagated (normalized, before loss scaling, no gradient), the
-    summed loss of its micro-batches, and the divisor (N for tokens, n for micro_batches)."""
+    summed loss of its micro-batches, the divisor (N for tokens, n for micro_batches) and the
+    model state after the window (None without one)."""
 
     loss: Any
     sum: Any
     count: Any
+    model_state: Any = None
 
 
 def accumulate_gradients(
@@ -44,6 +46,7 @@ def accumulate_gradients(
     scale_loss: Callable[[Any], Any] | None = None,
     reduce_count: Callable[[Any], Any] | None = None,
     no_sync: Callable[[], Any] | None = None,
+    model_state: Any = None,
 ) -> tuple[Any, WindowOutput]:
     """Gradients of one accumulation window, normalized once; returns (gradients, WindowOutput).
 
@@ -51,8 +54,15 @@ def accumulate_gradients(
     micro_batches backpropagates value_j / n; tokens backpropagates sum_j / N, N = Σ counts (one
     count per micro-batch, from targets and masks before the forward pass); reduce_count(N) replaces
     N, e.g. all-reduced over data-parallel ranks and divided by the world size when DDP averages
-    gradients. scale_loss multiplies each backpropagated loss (dynamic loss scaling). no_sync() is
-    entered for every micro-batch but the last (DDP's model.no_sync).
+    gradients. Tokens with counts unknown before the forward pass (a user's loss_fn: torch counts
+    None, JAX a window without "divisor"): each micro-batch backpropagates sum_j and the summed
+    gradients are divided once by N = Σ of the counts loss_fn returned (reduce_count applied),
+    the same gradient up to rounding. scale_loss multiplies each backpropagated loss (dynamic loss
+    scaling). no_sync() is entered for every micro-batch but the last (DDP's model.no_sync).
+    model_state (JAX): the model's non-trainable state (BatchNorm statistics, NNX RNG counters);
+    then loss_fn(params, micro_batch, model_state) -> (LossOutput, model_state), the state threads
+    through the micro-batches in order and WindowOutput.model_state is the state after the window
+    (torch modules update their buffers in place: it is returned as given).
     torch: `window` is a sequence of micro-batches; gradients accumulate into each parameter's .grad
     (previous values are discarded) and are returned as {name: p.grad}.
     JAX: `window` is laid out on the host at one fixed shape (ref_jax._window.stack_window: each
@@ -65,29 +75,41 @@ def accumulate_gradients(
         raise InputError("params must be a mapping of name -> parameter, e.g. dict(model.named_parameters())")
     micro = list(window)
     n = len(micro)
-    check_window(spec, n, counts)
+    after = spec.normalize == "tokens" and counts is None  # N from loss_fn's counts, divided at the end
+    check_window(spec.model_copy(update={"normalize": "micro_batches"}) if after else spec, n, counts)
     for p in params.values():
         p.grad = None
     divisor: Any = float(n)
-    if spec.normalize == "tokens":
+    if spec.normalize == "tokens" and not after:
         total = counts.sum() if isinstance(counts, torch.Tensor) else torch.as_tensor(
             np.sum(np.asarray([float(c) for c in counts], np.float64)))
         divisor = reduce_count(total) if reduce_count is not None else total
     loss_total: Any = 0.0
     sum_total: Any = 0.0
+    count_total: Any = 0.0
     for j, mb in enumerate(micro):
         ctx = no_sync() if (no_sync is not None and j < n - 1) else contextlib.nullcontext()
         with ctx:
             out = loss_fn(params, mb)
-            if spec.normalize == "tokens":
+            if after:
+                part = out.sum
+                count_total = count_total + out.count.detach().to(torch.float64)
+            elif spec.normalize == "tokens":
                 part = out.sum / torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
             else:
                 part = out.value / n
             (scale_loss(part) if scale_loss is not None else part).backward()
         loss_total = loss_total + part.detach()
         sum_total = sum_total + out.sum.detach()
+    if after:
+        divisor = reduce_count(count_total) if reduce_count is not None else count_total
+        with torch.no_grad():
+            for p in params.values():
+                if p.grad is not None:
+                    p.grad.div_(divisor.to(p.grad.dtype))
+        loss_total = loss_total / divisor.to(loss_total.dtype)
     count = divisor if isinstance(divisor, torch.Tensor) else torch.tensor(divisor, dtype=torch.float64)
-    return {k: p.grad for k, p in params.items()}, WindowOutput(loss_total, sum_total, count)
+    return {k: p.grad for k, p in params.items()}, WindowOutput(loss_total, sum_total, count, model_state)
 
 
 def linear_forward(params: Any, x: Any) -> Any:

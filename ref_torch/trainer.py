@@ -25,6 +25,23 @@ wraps the run (64-bit types only for float64 runs), bfloat16/float16 through the
 Contract shared by every backend's `train` (same signature and docstring):
 
 - `config`: a Config, a TOML path, a mapping, or None for the built-in default.
+- `model`: a model of your own instead of `[model]` (docs/your_model.md): torch, any
+  torch.nn.Module (moved to run.device and cast to precision.param_dtype in place: the object you
+  pass is the one trained); JAX, a Flax NNX module, or the pure form `(apply_fn, params)` with
+  apply_fn(params, inputs) -> output over any pytree of parameters (linen: `(model.apply,
+  variables)`). Neutral names: torch's named_parameters() and persistent buffers; JAX pytree paths
+  joined with "." (NNX: `conv1.kernel`; linen: `params.Dense_0.kernel`), renamed by
+  `[model] rename`. Buffers and NNX non-parameter state (BatchStat, RNG counters) are checkpointed.
+  The config must not name a built-in model as well (omit `[model]`, or `name = "user"`).
+- `data`: data of your own instead of `[data] name`: a mapping of NumPy arrays (np.memmap too)
+  with a common first axis (`{"x", "y"}`: `[data] inputs` / `targets` name the entries), any object
+  with `__len__`, `take(indices) -> {name: array}` and `fingerprint` (conformance.data.sources), or
+  a pair (train, validation). Batches come from the same pipeline as the built-in data sets.
+- `loss_fn(output, batch) -> (sum, count)`: replaces `[loss]` (which compares model(inputs) with the
+  targets); `batch` holds every entry of the micro-batch as framework arrays plus `sample_mask`
+  (True for real samples; the JAX trainer pads short micro-batches with False rows, which must not
+  count). Return the loss summed over the batch and the count it averages over, so accumulation
+  and data parallelism normalize once.
 - `out_dir` gets config.toml, metrics.jsonl and checkpoints/ (only rank 0 writes files).
 - `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
@@ -52,10 +69,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -68,6 +85,7 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
+from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.records import (
     EvalTotals,
     checkpoint_due,
@@ -77,48 +95,60 @@ from conformance.run.records import (
 )
 from conformance.run.session import Run, TrainResult, open_run
 from conformance.run.throughput import throughput_extras
-from ref_torch import _fsdp, _train_state
+from ref_torch import _fsdp, _model, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
 from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_state
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.ema import init_ema, update_ema
-from ref_torch.losses import LossOutput, compute_loss
-from ref_torch.models import build_model, named_parameters
+from ref_torch.losses import LossOutput
 from ref_torch.optimizers import build_optimizer, to_eval_point, to_train_point
-from ref_torch.precision import LossScaler, autocast, init_skip_state, numerics_context
+from ref_torch.precision import LossScaler, init_skip_state, numerics_context
 
 __all__ = ["train"]
 
 
-def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, resume: bool = False,
+def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str | Path, *, model: Any = None,
+          data: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None, resume: bool = False,
           rank: int | None = None, world_size: int | None = None, progress: str | None = None,
           events: Events | None = None) -> TrainResult:
-    """Train `config` into `out_dir` and return a TrainResult (see the module docstring: files,
-    resume, ranks, progress, events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError
-    for a config that cannot run, CheckpointError for a refused resume, NonFiniteError under the
-    non-finite policy; files already written stay intact."""
-    config = _as_config(config)
+    """Train `config` (and the model, data and loss_fn given, if any) into `out_dir` and return a
+    TrainResult (see the module docstring: your own model and data, files, resume, ranks, progress,
+    events, inject_nonfinite). Raises the errors of conformance.errors: ConfigError for a config that
+    cannot run, InputError for unusable data or model, CheckpointError for a refused resume,
+    NonFiniteError under the non-finite policy; files already written stay intact."""
+    config = resolve_config(_as_config(config), model is not None, data is not None)
     rank_, world, local = ddp.resolve_world(rank, world_size)
     device = rt.pick_device(config.run.device, local)
     created = ddp.setup(rank_, world, device)
+    given = _Given(model, given_dataset(config, data, loss_fn is not None), loss_fn)
     with ddp.finally_teardown(created), numerics_context(config.precision), \
             rt.determinism(config.run.deterministic, device):
-        return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress, events)
+        return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress, events,
+                      given)
 
 
 def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
     return config if isinstance(config, Config) else load_config(config)
 
 
+class _Given(NamedTuple):
+    """What train() was given besides the config: a model, the data's Dataset, a loss_fn (or None)."""
+
+    model: Any
+    dataset: Any
+    loss_fn: Callable[[Any, Any], Any] | None
+
+
 def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progress: str,
-          events: Events | None) -> Run:
+          events: Events | None, given: _Given) -> Run:
     # Rank 0 prepares the directory (and may refuse it) before the other ranks read from it.
     def attempt() -> Run | TwinstepError:
         try:
             return open_run(config, out, "torch", resume=resume, rank=rank, world_size=world,
-                            progress=progress, events=events)
+                            progress=progress, events=events, dataset=given.dataset,
+                            check_loss=given.loss_fn is None)
         except TwinstepError as exc:
             return exc
 
@@ -133,28 +163,30 @@ def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progre
 
 
 def _train(config: Config, out: Path, resume: bool, rank: int, world: int, device: torch.device,
-           progress: str, events: Events | None) -> TrainResult:
-    run = _open(config, out, resume, rank, world, progress, events)
+           progress: str, events: Events | None, given: _Given) -> TrainResult:
+    run = _open(config, out, resume, rank, world, progress, events, given)
     try:
-        return _loop(config, run, device, progress)
+        return _loop(config, run, device, progress, given)
     finally:
         run.close()
 
 
-def _loop(config: Config, run: Run, device: torch.device, progress: str) -> TrainResult:
+def _loop(config: Config, run: Run, device: torch.device, progress: str, given: _Given) -> TrainResult:
     rt.seed_everything(config.run.seed + run.rank)
     pdtype = framework_dtype(config.precision.param_dtype)
-    model = build_model(config.model, run.data.info, seed=config.run.seed, dtype=config.precision.param_dtype,
-                        device=device)
+    model = _model.make(config, run.data.info, device, given.model)
     if run.world_size > 1 and config.run.parallel == "fsdp":
         _fsdp.check(config)
-    wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel)  # FSDP shards `model` in place
-    params = named_parameters(model)
+    # FSDP shards `model` in place
+    wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel, config.model.fsdp_units)
+    tensors = _model.named(model, config.model.rename)
+    params = tensors.params
     optimizer = build_optimizer(config.optimizer, params.items())
     if config.ema.enabled and _fsdp.is_sharded(model):
         raise UnsupportedError("[ema] with run.parallel = 'fsdp' is not supported yet (the EMA of sharded "
                                "parameters); use 'ddp'")
-    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), init_ema(config.ema, params))
+    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), tensors,
+                                init_ema(config.ema, params))
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
     check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
@@ -176,10 +208,10 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
     for t in range(run.start, run.planned):
         t0 = time.perf_counter()
         window = run.data.window(t)  # the data position is the update count: a pure function of t
-        batches, counts = _prepare(config, run, window, device, pdtype)
+        batches, counts = _prepare(config, run, window, device, pdtype, given.loss_fn is not None)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
-        loss_fn = _loss_fn(config, forward, run.world_size, injected(config, t), t, run.events)
+        loss_fn = _loss_fn(config, forward, run, injected(config, t), t, given.loss_fn, device)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
         if objs.ema is not None and not info.skipped:
@@ -192,7 +224,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
                      **throughput_extras(config, run, window, t2 - t0, name)}
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
-        record = _maybe_evaluate(config, run, objs, device, pdtype, t)
+        record = _maybe_evaluate(config, run, objs, device, pdtype, t, given.loss_fn)
         observing = isinstance(scheduler, MetricPlateau)
         if observing and record is not None:
             scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
@@ -204,7 +236,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str) -> Trai
             last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
         if stop:
             raise run.preempted(t + 1, last)
-    return TrainResult(_train_state.final_params(model), losses, run.counters.updates_done, run.out_dir, last)
+    return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir, last)
 
 
 def _note(run: Run, text: str, progress: str) -> None:
@@ -212,40 +244,44 @@ def _note(run: Run, text: str, progress: str) -> None:
         run.metrics.stream.write(f"twinstep: note: {text}\n")
 
 
-def _prepare(config: Config, run: Run, window: Any, device: torch.device,
-             dtype: torch.dtype) -> tuple[list[tuple[Any, Any, Any]], Any]:
+def _prepare(config: Config, run: Run, window: Any, device: torch.device, dtype: torch.dtype,
+             user_loss: bool) -> tuple[list[tuple[Any, Any]], Any]:
     """The window's micro-batches on the device, each with its global count where the loss needs it,
-    and the counts for tokens normalization (a tensor across ranks: only the global total may be 0)."""
+    and the counts for tokens normalization (a tensor across ranks: only the global total may be 0).
+    A loss_fn's counts are known only after its forward pass: tokens divides once after the window
+    (counts None), micro_batches all-reduces each micro-batch's count across ranks when it has it."""
     tokens = config.accumulation.normalize == "tokens"
     world = run.world_size
-    counts = window_counts(config, window) if (tokens or world > 1) else None
+    counts = window_counts(config, window) if (tokens or world > 1) and not user_loss else None
     global_counts: list[Any] = [None] * len(window.batches)
-    if world > 1 and not tokens:
+    if world > 1 and not tokens and not user_loss:
         # micro_batches across ranks: each micro-batch is the mean over its global samples
         global_counts = list(ddp.sum_over_ranks(torch.tensor(counts, dtype=torch.float64), device))
-    batches = [(*rt.to_device(b, device, dtype), c) for b, c in zip(window.batches, global_counts)]
-    if tokens and world > 1:
+    batches = [(_model.to_device(_fields(b), device, dtype), c) for b, c in zip(window.batches, global_counts)]
+    if tokens and world > 1 and counts is not None:
         return batches, torch.tensor(counts, dtype=torch.float64, device=device)
     return batches, counts if tokens else None
 
 
-def _loss_fn(config: Config, forward: Any, world: int, inject: bool, update: int, events: Events | None) -> Any:
-    spec = config.loss
-    classes = spec.name in INDEX_LOSSES
+def _fields(batch: Any) -> Any:
+    return batch.fields if batch.fields is not None else {"x": batch.x, "y": batch.y}
+
+
+def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
+             user: Callable[[Any, Any], Any] | None, device: torch.device) -> Any:
+    spec, world, events = config.loss, run.world_size, run.events
     calls = [0]
 
-    def loss_fn(_params: Any, mb: tuple[Any, Any, Any]) -> LossOutput:
-        x, y, global_count = mb
+    def loss_fn(_params: Any, mb: tuple[Any, Any]) -> LossOutput:
+        batch, global_count = mb
         notify(events, "micro_batch", update=update, index=calls[0])
         calls[0] += 1
-        with autocast(config.precision, x.device.type):
-            out = forward(x)
-        if classes:  # (B, T, V) logits and (B, T) tokens: one class axis, as for (N, C)
-            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
-        res = compute_loss(spec, out, y)
-        if global_count is not None:
+        res = _model.batch_loss(config, forward, user, batch)[0]
+        if world > 1 and config.accumulation.normalize != "tokens":
             # DDP averages the ranks' gradients: this rank's share of the global micro-batch loss, × world
-            denom = 1.0 if spec.reduction == "sum" else global_count.to(res.sum.dtype)
+            if global_count is None:  # a loss_fn's count, known only now
+                global_count = ddp.sum_over_ranks(res.count.detach(), device)
+            denom = 1.0 if spec.reduction == "sum" and user is None else global_count.to(res.sum.dtype)
             res = LossOutput(res.sum * world / denom, res.sum, res.count)
         if inject:  # [run] inject_nonfinite: as a float16 overflow would
             res = LossOutput(res.value * math.inf, res.sum * math.inf, res.count)
@@ -255,11 +291,11 @@ def _loss_fn(config: Config, forward: Any, world: int, inject: bool, update: int
 
 
 def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
-                    t: int) -> dict[str, Any] | None:
+                    t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any] | None:
     if not eval_due(run, t):
         return None
     with _evaluation_weights(config, objs):
-        record = eval_record(t, _evaluate(config, run, objs.model, device, dtype))
+        record = eval_record(t, _evaluate(config, run, objs.model, device, dtype, user))
     val = record["val_loss"]
     best = run.counters.best_val_loss
     if math.isfinite(val) and (best is None or val < best):
@@ -273,7 +309,7 @@ def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, d
 def _evaluation_weights(config: Config, objs: Any) -> Iterator[None]:
     """The weights an evaluation sees: the EMA's with [ema] evaluate (once it has started), else a
     schedule-free optimizer's x (to_eval_point); the training weights come back after."""
-    params = named_parameters(objs.model)
+    params = objs.tensors.params
     use_ema = config.ema.evaluate and objs.ema is not None and bool(objs.ema.started)
     if not use_ema:
         to_eval_point(objs.optimizer, params)
@@ -294,26 +330,22 @@ def _evaluation_weights(config: Config, objs: Any) -> Iterator[None]:
                 p.copy_(kept[n])
 
 
-def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype) -> EvalTotals:
+def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,
+              user: Callable[[Any, Any], Any] | None) -> EvalTotals:
     """Validation sums over every rank's batches: Σ loss sums, Σ counts, correct, predictions."""
     spec = config.loss
-    classes = spec.name in INDEX_LOSSES
+    classes = spec.name in INDEX_LOSSES and user is None
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     model.eval()
     try:
         with torch.inference_mode():
             for batch in run.data.val_batches():
-                x, y = rt.to_device(batch, device, dtype)
-                with autocast(config.precision, device.type):
-                    out = model(x)
-                if classes:
-                    out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
-                res = compute_loss(spec, out, y)
+                res, out, y = _model.batch_loss(config, model, user, _model.to_device(_fields(batch), device, dtype))
                 part = [res.sum, res.count, torch.zeros(()), torch.zeros(())]
                 if classes:
                     valid = y != spec.ignore_index
                     part[2:] = [((out.argmax(-1) == y) & valid).sum(), valid.sum()]
-                sums += torch.stack([p.to(device=device, dtype=torch.float64) for p in part])
+                sums += torch.stack([torch.as_tensor(p).to(device=device, dtype=torch.float64) for p in part])
     finally:
         model.train()
     if run.world_size > 1:

@@ -178,8 +178,8 @@ class StatefulPipeline(DataPipeline):
         batches = []
         for j in window_micro_batches(w, self.steps, len(self.bounds)):
             start, stop = self.bounds[j]
-            x, y = self.dataset.train.take(self._order[start:stop])
-            batches.append(Batch(x, y, self._order[start:stop], epoch, j, stop - start))
+            got = self.dataset.train.take(self._order[start:stop])
+            batches.append(Batch(got["x"], got["y"], self._order[start:stop], epoch, j, stop - start))
         return Window(update, epoch, w, tuple(batches), self._window_sizes[w])
 
 

@@ -356,10 +356,10 @@ from ref_jax._window import WindowLayout, rows_for
 cfg = load_config({"data": {"name": "binary_blobs", "n_samples": 300, "batch_size": 31}, "accumulation": {"steps": 3}})
 data = DataPipeline(cfg)
 place = placement("cpu")
-layout = WindowLayout(3, rows_for(31, place.count), np.float32, np.int32, np.float32)
+layout = WindowLayout(3, rows_for(31, place.count), np.float32)
 w = data.window(0)
 arrays = place.put_batch(layout.pad(w, window_counts(cfg, w)), axis=1)
-x = arrays["x"]
+x = arrays["data"]["x"]
 shards = x.addressable_shards
 print(place.count, x.shape, sorted({s.data.shape for s in shards}), len({s.device for s in shards}),
       arrays["present"].sharding.is_fully_replicated)

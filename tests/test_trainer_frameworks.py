@@ -39,8 +39,8 @@ def test_torch_evaluation_that_leaves_eval_mode_is_caught(tmp_path: Path, monkey
     quiet = tr.train(cfg(base, "run.eval_every=0"), tmp_path / "a", progress="none")
     real = tr._evaluate
 
-    def stays_in_eval_mode(config, run_, model, device, dtype):
-        out = real(config, run_, model, device, dtype)
+    def stays_in_eval_mode(config, run_, model, device, dtype, *rest):
+        out = real(config, run_, model, device, dtype, *rest)
         model.eval()
         return out
 
@@ -122,18 +122,18 @@ def _jax_window_grads(spec: AccumulationSpec, loss: LossSpec, params: dict, batc
 
     window = Window(0, 0, 0, tuple(Batch(x, y, np.arange(len(y)), 0, j, len(y)) for j, (x, y) in enumerate(batches)),
                     sum(len(y) for _, y in batches))
-    layout = WindowLayout(steps, rows, np.float64, np.int64, np.float64)
+    layout = WindowLayout(steps, rows, np.float64)
     arrays = layout.pad(window, [float((y != -100).sum()) for _, y in batches])
     if n_override is not None:
         arrays["n"] = np.asarray(n_override)
 
     def loss_fn(p: Any, mb: Any) -> Any:
-        return masked_loss(loss, compute_loss(loss, linear_forward(p, mb["x"]), mb["y"], mask=mb["mask"]),
-                           jnp.sum(mb["mask"]))
+        return masked_loss(loss, compute_loss(loss, linear_forward(p, mb["data"]["x"]), mb["data"]["y"],
+                                              mask=mb["mask"]), jnp.sum(mb["mask"]))
 
     with jax.enable_x64(True):
         grads, out = jax.jit(lambda p, w: window_grads(spec, loss_fn, p, w, None))(
-            {k: jnp.asarray(v) for k, v in params.items()}, {k: jnp.asarray(v) for k, v in arrays.items()})
+            {k: jnp.asarray(v) for k, v in params.items()}, jax.tree.map(jnp.asarray, arrays))
         return {k: np.asarray(g) for k, g in grads.items()}, float(out.loss)
 
 

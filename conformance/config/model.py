@@ -1,14 +1,16 @@
 """`[model]`: the built-in models, with framework-neutral parameter names and initialization.
 
     [model]
-    name = "gpt"            # linear | mlp | gpt
+    name = "gpt"            # linear | mlp | gpt | user
     n_layer = 2
     n_head = 2
     n_embd = 64
 
 Shapes the data already fixes (`in_features`, `out_features`, `vocab_size`) default to the data's;
 set explicitly, they must agree with it. Parameter names, layouts and the initialization are
-documented in docs/models.md and computed by `conformance.rules.models`.
+documented in docs/models.md and computed by `conformance.rules.models`. `user` is the model a
+run was given in Python (`train(..., model=...)`, docs/your_model.md): a config that omits
+`[model]` trains it, and may say `name = "user"` to set its few options.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import Field, model_validator
 
 from conformance.config.base import PosInt, Positive, Section, UnitHalfOpen, field_error
 
-ModelName = Literal["linear", "mlp", "gpt"]
+ModelName = Literal["linear", "mlp", "gpt", "user"]
 MODEL_NAMES: tuple[str, ...] = ModelName.__args__  # type: ignore[attr-defined]
 
 # Which model reads which option; setting an option another model would ignore is an error.
@@ -36,6 +38,9 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "vocab_size": ("gpt",),
     "dropout": ("gpt",),
     "init_std": ("gpt",),
+    "flops_per_token": ("user",),
+    "rename": ("user",),
+    "fsdp_units": ("user",),
 }
 
 
@@ -43,7 +48,13 @@ class ModelSpec(Section):
     """A built-in model. linear: y = x W^T + b. mlp: [Linear, activation, LayerNorm] per hidden width,
     then Linear (the seeds' 20→64 GELU LayerNorm →2 classifier by default). gpt: a nanoGPT-style
     decoder-only transformer (pre-LN, causal self-attention, GELU MLP, tied lm_head).
-    `bias = false` drops every bias, LayerNorm's included (as nanoGPT's `bias`)."""
+    `bias = false` drops every bias, LayerNorm's included (as nanoGPT's `bias`).
+    user: the module passed to train(). `flops_per_token` (training FLOPs per token, e.g. 6·N + the
+    attention term) turns on MFU for it; `rename` maps a framework's own parameter or state names
+    to neutral ones (`{"fc.kernel" = "fc.weight"}`: a name that framework does not have is
+    skipped, but each entry must name something on one side: the key or the value);
+    `fsdp_units` are glob patterns over module names (torch `named_modules()`) that become FSDP2
+    units (default: every top-level child module that holds parameters)."""
 
     name: ModelName = "mlp"
     in_features: PosInt | None = None
@@ -59,12 +70,17 @@ class ModelSpec(Section):
     dropout: UnitHalfOpen = 0.0
     bias: bool = True
     init_std: Positive = 0.02
+    flops_per_token: Positive | None = None
+    rename: dict[str, str] = Field(default_factory=dict)
+    fsdp_units: list[str] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         self.reject_unused(USED_BY, "name")
         if self.name == "mlp" and not self.hidden:
             raise field_error("hidden", "must list at least one width; use name = 'linear' for no hidden layer")
+        if len(set(self.rename.values())) != len(self.rename):
+            raise field_error("rename", "maps two names to the same neutral name")
         if self.name == "gpt" and self.n_embd % self.n_head:
             raise field_error(
                 "n_embd", f"must be divisible by n_head = {self.n_head}; received {self.n_embd}"

@@ -2,9 +2,12 @@
 
     ds = load_dataset(spec, seed=0, block_size=64)
     ds.info        # DataInfo: task, shapes, class count or vocabulary, sizes, sha256 fingerprint
-    ds.train.take(np.array([3, 1]))   # -> (x, y) for those samples
+    ds.train.take(np.array([3, 1]))   # -> {"x": ..., "y": ...} for those samples
 
-Floating inputs are float64 (trainers cast to their compute dtype); class labels and tokens are int64.
+Every split is conformance.data.sources.MapData (len, take, fingerprint): the protocol data brought
+by a user implements too. Floating inputs are float64 (trainers cast to their compute dtype);
+class labels and tokens are int64. Token shards: conformance.data.tokens; .npy / .npz files:
+conformance.data.arrays; data passed to train(): conformance.data.user.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import importlib.resources
 import io
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +27,7 @@ import numpy as np
 
 from conformance.config.data import DataSpec
 from conformance.data.sampling import fingerprint, random_order, stream
+from conformance.data.sources import MapData
 from conformance.errors import ConfigError, InputError
 from conformance.rules.inputs import check_finite
 
@@ -37,13 +42,14 @@ Task = Literal["regression", "classification", "language_model"]
 @dataclass(frozen=True)
 class DataInfo:
     """What a model needs to know about the data: task, input width, outputs (regression targets,
-    classes or vocabulary size), text vocabulary and window length, split sizes and a fingerprint
-    (sha256 over every array, so a resumed run can tell that its data did not change)."""
+    classes or vocabulary size; None where the data cannot tell), text vocabulary and window
+    length, split sizes and a fingerprint (sha256 over every array, so a resumed run can tell that
+    its data did not change)."""
 
     name: str
     task: Task
     in_features: int | None
-    out_features: int
+    out_features: int | None
     n_classes: int | None
     vocab: tuple[str, ...] | None
     block_size: int | None
@@ -62,8 +68,12 @@ class ArraySplit:
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
-    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[index], self.y[index]
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return {"x": self.x[index], "y": self.y[index]}
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.x, self.y)
 
 
 @dataclass(frozen=True)
@@ -78,13 +88,17 @@ class TokenSplit:
     def __len__(self) -> int:
         return int(self.starts.shape[0])
 
-    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         rows = self.starts[index][:, None] + np.arange(self.block_size + 1)
         window = self.tokens[rows]
-        return window[:, :-1], window[:, 1:]
+        return {"x": window[:, :-1], "y": window[:, 1:]}
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.tokens, self.starts, label=f"windows:{self.block_size}")
 
 
-Split = ArraySplit | TokenSplit
+Split = MapData
 
 
 @dataclass(frozen=True)
@@ -233,10 +247,24 @@ def _text_dataset(spec: DataSpec, block_size: int) -> Dataset:
     return Dataset(train, val, info)
 
 
-def load_dataset(spec: DataSpec, seed: int, block_size: int | None = None) -> Dataset:
+def load_dataset(spec: DataSpec, seed: int, block_size: int | None = None, vocab_size: int | None = None) -> Dataset:
     """Load and split the data set `spec` names. `seed` (data.seed, else run.seed) draws synthetic
-    data and random splits; `block_size` is the text window (data.block_size, else model.block_size)."""
+    data and random splits; `block_size` is the text window (data.block_size, else model.block_size);
+    `vocab_size` bounds the tokens of token shards (model.vocab_size; None: unchecked)."""
     fraction = spec.val_fraction or 0.0
+    if spec.name == "user":
+        raise ConfigError("data.name = 'user' is the data passed to train(..., data=...) in Python; name a data "
+                          "set (or omit [data] name and pass the data)")
+    if spec.name == "tokens":
+        from conformance.data.tokens import load_tokens
+
+        if block_size is None:
+            raise ConfigError("data.block_size is required for token shards (or model.block_size)")
+        return load_tokens(spec, block_size, vocab_size)
+    if spec.name == "arrays":
+        from conformance.data.arrays import load_arrays
+
+        return load_arrays(spec, seed)
     if spec.name == "linear_regression":
         n = spec.n_samples or 64
         x, y = linear_regression(n)

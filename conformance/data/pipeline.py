@@ -3,7 +3,7 @@
     data = DataPipeline(config, rank=0, world_size=1)
     for t in range(data.planned_updates):
         window = data.window(t)            # accumulation window of update t, this rank's part
-        for batch in window.batches:       # NumPy x, y; identical on every backend
+        for batch in window.batches:       # NumPy x, y (and every entry in batch.fields); identical on every backend
             ...
 
 There is no iterator state: update t fully determines the epoch, the shuffle (a pure function of
@@ -15,7 +15,7 @@ parts of each global micro-batch together are exactly the one-process micro-batc
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,16 +27,19 @@ from conformance.errors import CheckpointError, ConfigError
 
 
 class Batch(NamedTuple):
-    """One micro-batch on one rank. `index`: its samples' positions in the split; `epoch` and
-    `micro_batch` (within the epoch) locate it; `global_size`: samples in this micro-batch over all
-    ranks (a rank's part can be empty when a short last micro-batch has fewer samples than ranks)."""
+    """One micro-batch on one rank. `x`, `y`: the entries data.inputs and data.targets name (y None
+    when the data has no targets: a loss_fn reads `fields`); `index`: its samples' positions in the
+    split; `epoch` and `micro_batch` (within the epoch) locate it; `global_size`: samples in this
+    micro-batch over all ranks (a rank's part can be empty when a short last micro-batch has fewer
+    samples than ranks); `fields`: every entry the data's take() gave (None: just x and y)."""
 
     x: np.ndarray
-    y: np.ndarray
+    y: np.ndarray | None
     index: np.ndarray
     epoch: int
     micro_batch: int
     global_size: int
+    fields: Mapping[str, np.ndarray] | None = None
 
 
 class Window(NamedTuple):
@@ -53,10 +56,11 @@ class Window(NamedTuple):
 
 def _check_models(config: Config) -> None:
     model, data = config.model, config.data
-    if data.name == "text" and model.name != "gpt":
-        raise ConfigError(f"model.name: the text data set needs model.name = 'gpt'; received {model.name!r}")
-    if model.name == "gpt" and data.name != "text":
-        raise ConfigError(f"data.name: model gpt needs the text data set; received {data.name!r}")
+    if data.name in ("text", "tokens") and model.name not in ("gpt", "user"):
+        raise ConfigError(f"model.name: the {data.name} data set needs model.name = 'gpt' (or a model passed to "
+                          f"train()); received {model.name!r}")
+    if model.name == "gpt" and data.name not in ("text", "tokens", "user"):
+        raise ConfigError(f"data.name: model gpt needs a language data set (text, tokens); received {data.name!r}")
     if data.block_size is not None and model.name == "gpt" and data.block_size > model.block_size:
         raise ConfigError(
             f"data.block_size = {data.block_size} exceeds model.block_size = {model.block_size} "
@@ -77,7 +81,8 @@ class DataPipeline:
         self.seed = config.run.seed
         self.data_seed = spec.seed if spec.seed is not None else config.run.seed
         block = spec.block_size or config.model.block_size
-        self.dataset = dataset if dataset is not None else load_dataset(spec, self.data_seed, block)
+        vocab = config.model.vocab_size if config.model.name == "gpt" else None
+        self.dataset = dataset if dataset is not None else load_dataset(spec, self.data_seed, block, vocab)
         self.steps = config.accumulation.steps
         self.global_batch = world_size * spec.batch_size
         self.bounds = sampling.micro_batch_bounds(len(self.dataset.train), self.global_batch, spec.drop_last)
@@ -117,8 +122,7 @@ class DataPipeline:
         for j in sampling.window_micro_batches(w, self.steps, len(self.bounds)):
             start, stop = self.bounds[j]
             part = sampling.shard(order[start:stop], self.rank, self.world_size)
-            x, y = self.dataset.train.take(part)
-            batches.append(Batch(x, y, part, epoch, j, stop - start))
+            batches.append(self._batch(self.dataset.train.take(part), part, epoch, j, stop - start))
         return Window(update, epoch, w, tuple(batches), self._window_sizes[w])
 
     def samples_seen(self, updates_done: int) -> int:
@@ -133,8 +137,11 @@ class DataPipeline:
         step = per_rank * self.world_size
         for j, start in enumerate(range(0, n, step)):
             part = sampling.shard(np.arange(start, min(start + step, n)), self.rank, self.world_size)
-            x, y = self.dataset.val.take(part)
-            yield Batch(x, y, part, 0, j, min(start + step, n) - start)
+            yield self._batch(self.dataset.val.take(part), part, 0, j, min(start + step, n) - start)
+
+    def _batch(self, fields: Mapping[str, np.ndarray], index: np.ndarray, epoch: int, j: int, size: int) -> Batch:
+        spec = self.config.data
+        return Batch(fields[spec.inputs], fields.get(spec.targets), index, epoch, j, size, fields)
 
     def position(self, updates_done: int) -> dict[str, Any]:
         """The data position after `updates_done` updates, as JSON for a checkpoint."""
@@ -170,7 +177,9 @@ def batch_hash(batch: Batch | Window) -> str:
     batches = batch.batches if isinstance(batch, Window) else (batch,)
     digest = hashlib.sha256()
     for b in batches:
-        digest.update(sampling.fingerprint(b.x, b.y).encode("ascii"))
+        extra = [] if b.fields is None else [v for _, v in sorted(b.fields.items()) if v is not b.x and v is not b.y]
+        arrays = [b.x, *([] if b.y is None else [b.y]), *extra]
+        digest.update(sampling.fingerprint(*(np.asarray(a) for a in arrays)).encode("ascii"))
     return digest.hexdigest()[:16]
 
 

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from conformance import checkpoint as ckpt
 from conformance.config import Config, dump_config
-from conformance.data import DataPipeline
+from conformance.data import DataPipeline, Dataset
 from conformance.errors import CheckpointError, ConfigError, Preempted
 from conformance.events import Events
 from conformance.files import write_text_atomic
@@ -117,15 +117,19 @@ class Run:
 
 
 def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = False, rank: int = 0,
-             world_size: int = 1, progress: str = "auto", metrics: bool = True, events: Events | None = None) -> Run:
+             world_size: int = 1, progress: str = "auto", metrics: bool = True, events: Events | None = None,
+             dataset: Dataset | None = None, check_loss: bool = True) -> Run:
     """Prepare the output directory, the data, the checkpoint to resume from and the metrics log.
 
     Rank 0 claims the directory (conformance.run.rundir: lock, ownership, clean-up), writes
     DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None. Every rank
-    records SIGTERM / SIGINT from here until `Run.close()` (conformance.run.preempt)."""
+    records SIGTERM / SIGINT from here until `Run.close()` (conformance.run.preempt).
+    `dataset`: data passed to train() (conformance.run.objects), else the config's; `check_loss`:
+    refuse a `[loss]` that does not fit the targets (False when a loss_fn replaces `[loss]`)."""
     out = Path(out_dir)
-    data = DataPipeline(config, rank, world_size)
-    check_task(config, data.info.task)
+    data = DataPipeline(config, rank, world_size, dataset)
+    if check_loss:
+        check_task(config, data.info.task)
     check_run(config, data, world_size)
     owner = claim(out, resume) if rank == 0 else None
     try:

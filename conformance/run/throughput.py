@@ -26,15 +26,19 @@ def peak_flops(device_name: str) -> float | None:
 
 def throughput_extras(config: Config, run: Run, window: Window, elapsed_s: float,
                       device_name: str | None = None) -> dict[str, Any]:
-    """Extra keys of an update line: tokens_per_s for text, mfu (fraction of the device's peak) for gpt
-    when `device_name` has a known peak (trainers pass it on accelerators only)."""
+    """Extra keys of an update line: tokens_per_s for language data (text, tokens, token targets
+    passed to train()), mfu (fraction of the device's peak) when the FLOPs per token are known (gpt)
+    or given (`[model] flops_per_token` of a user's model) and `device_name` has a known peak
+    (trainers pass it on accelerators only)."""
     if run.data.info.task != "language_model" or elapsed_s <= 0:
         return {}
     block = run.data.info.block_size or config.model.block_size
     tokens_per_s = window.global_samples * block / elapsed_s
     out: dict[str, Any] = {"tokens_per_s": tokens_per_s}
     peak = peak_flops(device_name) if device_name else None
-    if peak is not None and config.model.name == "gpt":
+    flops = flops_per_token(config.model, run.data.info, block) if config.model.name == "gpt" else \
+        config.model.flops_per_token
+    if peak is not None and flops is not None:
         per_device = tokens_per_s / max(run.world_size, 1)
-        out["mfu"] = flops_per_token(config.model, run.data.info, block) * per_device / peak
+        out["mfu"] = flops * per_device / peak
     return out

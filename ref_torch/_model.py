@@ -1,0 +1,113 @@
+"""The torch trainer's model: a built-in one or a user's nn.Module, its tensors by neutral name,
+and one micro-batch's loss.
+
+    module = make(config, info, device, model)      # [model]'s, or the user's moved and cast
+    tensors = named(module, config.model.rename)      # Tensors: trainable, frozen, buffers
+    loss = micro_batch_loss(config, forward, loss_fn, mb)
+
+Neutral names are torch's own: `named_parameters()` (a tied parameter once) and the persistent
+buffers of `named_buffers()` (the state_dict's), renamed by `[model] rename`
+(conformance.rules.names). Trainable parameters (requires_grad) go to the optimizer; frozen ones
+and buffers are checkpointed beside them in model.safetensors, so a BatchNorm's running statistics
+resume exactly. The model is called on the batch entry `data.inputs`; `[loss]` compares its
+output with `data.targets`, or `loss_fn(output, batch) -> (sum, count)` reads the whole batch
+(every entry as a tensor on the device, and `sample_mask`, True for every real sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from conformance.config import Config
+from conformance.data import DataInfo
+from conformance.data.user import SAMPLE_MASK
+from conformance.errors import InputError
+from conformance.rules.inputs import INDEX_LOSSES
+from conformance.rules.names import neutral_names
+from ref_torch.backend import framework_dtype
+from ref_torch.losses import LossOutput, compute_loss
+from ref_torch.models import build_model
+from ref_torch.precision import autocast
+
+
+class Tensors(NamedTuple):
+    """A model's tensors by neutral name: `params` the optimizer updates, `frozen` parameters
+    (requires_grad False) and persistent `buffers`; `all()` is what a checkpoint's model holds."""
+
+    params: dict[str, Any]
+    frozen: dict[str, Any]
+    buffers: dict[str, Any]
+
+    def all(self) -> dict[str, Any]:
+        return {**self.params, **self.frozen, **self.buffers}
+
+
+def make(config: Config, info: DataInfo, device: torch.device, model: Any = None) -> torch.nn.Module:
+    """The built-in model of `[model]`, or the user's module moved to `device` with its floating
+    parameters and buffers in precision.param_dtype (in place: the user's object is trained)."""
+    if model is None:
+        return build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype,
+                           device=device)
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module for the torch trainer; received {type(model).__name__}")
+    return model.to(device=device, dtype=framework_dtype(config.precision.param_dtype)).train()
+
+
+def named(module: torch.nn.Module, rename: Mapping[str, str]) -> Tensors:
+    """The module's tensors by neutral name (after wrapping: FSDP replaces the parameters)."""
+    params = dict(module.named_parameters())
+    kept = set(module.state_dict().keys())  # persistent buffers only
+    buffers = {n: b for n, b in module.named_buffers() if n in kept}
+    names = neutral_names([*params, *buffers], rename)
+    if not any(p.requires_grad for p in params.values()):
+        raise InputError("the model has no trainable parameter (every requires_grad is False)")
+    return Tensors({names[n]: p for n, p in params.items() if p.requires_grad},
+                   {names[n]: p for n, p in params.items() if not p.requires_grad},
+                   {names[n]: b for n, b in buffers.items()})
+
+
+def to_device(fields: Mapping[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A NumPy batch as tensors: floating entries in the parameter dtype, integer and boolean ones as
+    they are (pinned and copied asynchronously on CUDA)."""
+    out = {}
+    for key, a in fields.items():
+        t = torch.as_tensor(a)
+        if t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        if device.type == "cuda":
+            t = t.pin_memory().to(device, non_blocking=True)
+        out[key] = t
+    return out
+
+
+def user_loss(loss_fn: Callable[[Any, Any], Any], out: Any, batch: Mapping[str, Any]) -> LossOutput:
+    """loss_fn(output, batch) -> (sum, count) as a LossOutput (value = sum / count)."""
+    got = loss_fn(out, batch)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise InputError(f"loss_fn must return (sum, count); received {type(got).__name__}")
+    total, count = got
+    if not isinstance(total, torch.Tensor) or total.ndim != 0:
+        raise InputError("loss_fn's sum must be a scalar tensor (the loss summed over the batch)")
+    total = total.float() if total.dtype in (torch.float16, torch.bfloat16) else total
+    count = torch.as_tensor(count, device=total.device).to(total.dtype)
+    return LossOutput(total / count, total, count)
+
+
+def batch_loss(config: Config, forward: Any, loss_fn: Callable[[Any, Any], Any] | None,
+               batch: Mapping[str, Any]) -> tuple[LossOutput, Any, Any]:
+    """(loss, output, targets) of one batch: the forward pass under autocast, then `[loss]` (class
+    outputs (..., C) against (...) targets as (N, C) against (N,)) or loss_fn."""
+    spec = config.data
+    x = batch[spec.inputs]
+    with autocast(config.precision, x.device.type):
+        out = forward(x)
+    if loss_fn is not None:
+        return user_loss(loss_fn, out, {**batch, SAMPLE_MASK: torch.ones(x.shape[0], dtype=torch.bool,
+                                                                          device=x.device)}), out, None
+    y = batch[spec.targets]
+    if config.loss.name in INDEX_LOSSES:  # (B, T, V) logits and (B, T) tokens: one class axis
+        out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    return compute_loss(config.loss, out, y), out, y
