@@ -5,7 +5,9 @@
 - `latest`: which checkpoint a resume continues from (the newest that verifies, the fallback);
 - `files`: durable writes and refusing reads, safetensors and strict JSON without pickle;
 - `rng`: host generators (Python, NumPy) and every rank's generator states as tensors + JSON;
-- `ema`: the weights' EMA of a checkpoint, for export (`ema_weights`).
+- `ema`: the weights' EMA of a checkpoint, for export (`ema_weights`);
+- `shards`: the sharded layout (format 3): tiling checks, ShardedTensor (slices read on demand);
+- `sharded_save`: every rank writes its own slices; rank 0 commits once all are durable.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from conformance.checkpoint.format import (
     save_checkpoint,
     step_name,
     verify_checkpoint,
+    whole,
 )
 from conformance.checkpoint.latest import find_latest, search
+from conformance.checkpoint.sharded_save import save_sharded
+from conformance.checkpoint.shards import ShardedTensor, dim0_slice, is_lazy
 
 __all__ = [
     "FILES", "FORMAT", "FORMAT_VERSION", "MANIFEST", "STEP_RE", "Checkpoint", "TrainingState",
     "apply_retention", "check_tensors", "find_latest", "library_versions", "list_checkpoints",
     "load_checkpoint", "prepare_directory", "save_checkpoint", "search", "step_name", "verify_checkpoint",
+    "whole", "save_sharded", "ShardedTensor", "dim0_slice", "is_lazy",
 ]

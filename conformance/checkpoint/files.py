@@ -40,6 +40,7 @@ DTYPES: dict[str, Any] = {
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
 _NUMPY_NAMES = {np.dtype(v).name for v in DTYPES.values()}
+DTYPE_NAMES = frozenset(_NUMPY_NAMES)  # the NumPy dtype names a checkpoint may hold
 
 
 def sha256_hex(data: bytes | memoryview) -> str:

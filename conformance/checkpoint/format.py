@@ -10,6 +10,12 @@
         manifest.json               written last: every file's size and sha256, format version,
                                     library versions, config hash, update count
 
+Sharded (format 3, FSDP: conformance.checkpoint.shards, saved by sharded_save.save_sharded from
+every rank): rank-<r>.safetensors per rank and replicated.safetensors instead of model, optimizer
+and ema; the manifest's `tensors` table says which box of which tensor each file holds.
+`load_checkpoint` returns whole tensors from either layout; `load_checkpoint(path, lazy=True)`
+leaves a sharded checkpoint's tensors as ShardedTensors that read only the slices asked for.
+
 A save writes everything into `.tmp-…` beside the final name (each file fsync'ed, the manifest
 last), renames it into place and fsyncs the parent (reliability.md §1.9). A load opens the directory
 without following a link and every file relative to it (never blocking: a FIFO is refused at once),
@@ -43,10 +49,13 @@ from conformance.checkpoint.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     MAX_MANIFEST_BYTES,
+    SHARDED_FILES,
+    SHARDED_VERSION,
     STEP_RE,
     encode_manifest,
     parse_manifest,
 )
+from conformance.checkpoint.shards import ShardSet, split_tensors
 from conformance.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -229,12 +238,25 @@ def _read_manifest(path: Path, fd: int) -> dict[str, Any]:
     return manifest
 
 
-def _verified_files(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _verified_files(path: Path, lazy: bool = False) -> tuple[dict[str, Any], dict[str, bytes]]:
+    # Every listed file must be there before any is read (a sharded
+    # checkpoint missing a rank's file is refused here); then each is read once and hashed. `lazy`:
+    # of a sharded checkpoint only the small files (its tensor files are read on demand, ShardSet).
     with _opened(path) as fd:
         manifest = _read_manifest(path, fd)
-        data = {name: io.read_verified(path, name, e["size"], e["sha256"], dir_fd=fd)
-                for name, e in manifest["files"].items()}
+        for name in sorted(manifest["files"]):
+            try:
+                os.lstat(name, dir_fd=fd)  # kinds, owners, sizes: checked on reading
+            except FileNotFoundError:
+                raise CheckpointCorruptError(f"{path / name} does not exist (the manifest lists it)") from None
+        names = SHARDED_FILES if lazy and _sharded(manifest) else tuple(manifest["files"])
+        data = {name: io.read_verified(path, name, manifest["files"][name]["size"],
+                                       manifest["files"][name]["sha256"], dir_fd=fd) for name in names}
     return manifest, data
+
+
+def _sharded(manifest: dict[str, Any]) -> bool:
+    return manifest["format_version"] >= SHARDED_VERSION
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -244,13 +266,12 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return _verified_files(Path(path))[0]
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Verify a checkpoint directory (verify_checkpoint), then parse the verified bytes."""
+def load_checkpoint(path: str | Path, *, lazy: bool = False) -> Checkpoint:
+    """Verify a checkpoint directory (verify_checkpoint), then parse the verified bytes. Whole
+    tensors from either layout; with `lazy`, a sharded checkpoint's tensors are ShardedTensors
+    (conformance.checkpoint.shards: `.read(index)` reads only the files holding that slice)."""
     path = Path(path)
-    manifest, data = _verified_files(path)
-    model = io.decode_tensors(data["model.safetensors"], path / "model.safetensors")
-    optimizer = _split_optimizer(io.decode_tensors(data["optimizer.safetensors"], path / "optimizer.safetensors"),
-                                 path / "optimizer.safetensors")
+    manifest, data = _verified_files(path, lazy)
     rng = _strip_prefix(io.decode_tensors(data["rng.safetensors"], path / "rng.safetensors"), "rng/",
                         path / "rng.safetensors")
     meta = io.decode_json(data["state.json"], path / "state.json")
@@ -260,9 +281,33 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config = data["config.toml"].decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
+    if _sharded(manifest):
+        shards = ShardSet(path, manifest)
+        shards.preload({n: b for n, b in data.items() if n not in SHARDED_FILES})
+        model, optimizer, ema = split_tensors(shards)
+        if not lazy:
+            model, optimizer, ema = _whole(model), {p: _whole(s) for p, s in optimizer.items()}, \
+                None if ema is None else _whole(ema)
+            shards.release()
+        return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config, ema))
+    model = io.decode_tensors(data["model.safetensors"], path / "model.safetensors")
+    optimizer = _split_optimizer(io.decode_tensors(data["optimizer.safetensors"], path / "optimizer.safetensors"),
+                                 path / "optimizer.safetensors")
     ema = (_strip_prefix(io.decode_tensors(data["ema.safetensors"], path / "ema.safetensors"), "ema/",
                          path / "ema.safetensors") if "ema.safetensors" in data else None)
     return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config, ema))
+
+
+def _whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in tensors.items()}
+
+
+def whole(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint with every tensor whole (a lazily loaded sharded one's slices assembled)."""
+    s = checkpoint.state
+    state = s._replace(model=_whole(s.model), optimizer={p: _whole(e) for p, e in (s.optimizer or {}).items()},
+                       ema=None if s.ema is None else _whole(s.ema))
+    return checkpoint._replace(state=state)
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
@@ -367,7 +412,7 @@ def check_tensors(expected: dict[str, tuple[tuple[int, ...], str]], tensors: dic
     if extra:
         raise CheckpointError(f"checkpoint tensor {prefix}{extra[0]} is not a parameter of this model")
     for name, (shape, dtype) in expected.items():
-        got = np.asarray(tensors[name])
+        got = tensors[name] if hasattr(tensors[name], "dtype") else np.asarray(tensors[name])  # lazy: not read
         if tuple(got.shape) != tuple(shape):
             raise CheckpointError(
                 f"checkpoint tensor {prefix}{name} has shape {tuple(got.shape)}; the model needs {tuple(shape)}"
