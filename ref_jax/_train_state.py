@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from conformance.checkpoint import check_tensors
+from conformance.checkpoint import check_tensors, whole
 from conformance.checkpoint.rng import pack_rank_rng, unpack_rank_rng
 from conformance.config import Config
 from conformance.data import DataInfo
@@ -150,7 +150,7 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
     skips = init_skip_state()
     found = run.checkpoint
     if found is not None:
-        saved = found.state
+        saved = whole(found).state  # a sharded checkpoint's slices assembled
         check_tensors({**_expected(params), **_model.expected(model_state)}, saved.model)
         params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
         model_state = _model.from_tensors(model_state, saved.model)
@@ -179,7 +179,7 @@ def initial_ema(config: Config, params: dict[str, Any], run: Run, place: Placeme
     """The weights' EMA ([ema]): fresh, or the checkpoint's; None without an EMA."""
     ema = init_ema(config.ema, params)
     if ema is not None and run.checkpoint is not None:
-        ema = import_ema(ema, run.checkpoint.state.ema)
+        ema = import_ema(ema, whole(run.checkpoint).state.ema)
     return None if ema is None else place.put_replicated(ema)
 
 

@@ -20,13 +20,14 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from conformance.checkpoint import Checkpoint, check_tensors
+from conformance.checkpoint import Checkpoint, check_tensors, release
+from conformance.checkpoint import whole as whole_checkpoint
 from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_rank_rng
 from conformance.errors import CheckpointError
 from conformance.rules import plateau
 from conformance.run import records
 from conformance.run.session import Run
-from ref_torch import _fsdp
+from ref_torch import _fsdp, _shards
 from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
 from ref_torch._schedules import MetricPlateau, load_plateau
@@ -71,17 +72,31 @@ def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_
     rng, rng_meta = capture_rng(device)
     per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
     sharded = _fsdp.is_sharded(objs.model)
-    # sharded state is gathered to whole tensors: collectives every rank joins before rank 0 writes
+    if sharded:  # every rank writes its own slices (format 3): nothing is gathered
+        return _save_sharded(run, updates_done, objs, device, val_loss, plateau, per_rank)
     weights = whole(objs.tensors.all())
-    opt = _fsdp.export_optimizer(objs.optimizer) if sharded else None
     if not run.is_main:
         return None
     tensors, meta_rng = pack_rank_rng(per_rank)
-    opt = opt if opt is not None else export_state(objs.optimizer)
+    opt = export_state(objs.optimizer)
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
     meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng, plateau)
     return records.save(run, updates_done, weights, opt["state"], tensors, meta, versions=_versions(),
                         val_loss=val_loss, ema=export_ema(objs.ema))
+
+
+def _save_sharded(run: Run, updates_done: int, objs: Objects, device: torch.device, val_loss: float | None,
+                  plateau: dict[str, Any] | None, per_rank: list[Any]) -> Path:
+    pieces = _shards.local_pieces(objs.tensors.all(), objs.optimizer)
+    tensors, meta = {}, {}
+    if run.is_main:
+        tensors, meta_rng = pack_rank_rng(per_rank)
+        step = max((int(v[0]) for k, v in pieces.items() if k.startswith("optimizer/") and k.endswith("/step")),
+                   default=0)
+        scale = objs.scaler.state_dict() if objs.scaler.enabled else None
+        meta = records.checkpoint_meta(run, updates_done, step, scale, meta_rng, plateau)
+    return records.save_sharded(run, updates_done, pieces, tensors, meta, _versions(),
+                                lambda data: ddp.gather_bytes(data, run.world_size, device), val_loss)
 
 
 def whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -120,14 +135,21 @@ def _versions() -> dict[str, Any]:
 def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     """Put a checkpoint's state into the objects (RNG last: nothing may draw after it). Returns the
     skip counters."""
-    state, meta = checkpoint.state, checkpoint.state.meta or {}
-    where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
+    state, meta = (checkpoint if sharded else whole_checkpoint(checkpoint)).state, checkpoint.state.meta or {}
+    where = checkpoint.path
     to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
-    load_tensors(objs.tensors.all(), state.model)
-    neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
-    (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
+    if sharded:  # each rank reads only its rows, from a checkpoint of any layout and world size
+        named = objs.tensors.all()
+        check_tensors({n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named.items()},
+                      state.model)
+        _shards.load_model(named, state.model)
+        _shards.load_optimizer(objs.optimizer, meta.get("optimizer_step", 0), state.optimizer or {})
+    else:
+        load_tensors(objs.tensors.all(), state.model)
+        import_state(objs.optimizer, {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}})
     to_train_point(objs.optimizer, None)
+    release(checkpoint)  # the tensor files read: their memory
     if objs.ema is not None:
         import_ema(objs.ema, state.ema)
     if objs.scaler.enabled:

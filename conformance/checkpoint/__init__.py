@@ -28,6 +28,7 @@ from conformance.checkpoint.format import (
     prepare_directory,
     save_checkpoint,
     step_name,
+    release,
     verify_checkpoint,
     whole,
 )
@@ -39,5 +40,5 @@ __all__ = [
     "FILES", "FORMAT", "FORMAT_VERSION", "MANIFEST", "STEP_RE", "Checkpoint", "TrainingState",
     "apply_retention", "check_tensors", "find_latest", "library_versions", "list_checkpoints",
     "load_checkpoint", "prepare_directory", "save_checkpoint", "search", "step_name", "verify_checkpoint",
-    "whole", "save_sharded", "ShardedTensor", "dim0_slice", "is_lazy",
+    "release", "whole", "save_sharded", "ShardedTensor", "dim0_slice", "is_lazy",
 ]

@@ -302,6 +302,14 @@ def _whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in tensors.items()}
 
 
+def release(checkpoint: Checkpoint) -> None:
+    """Forget the tensor files a lazily loaded sharded checkpoint has read so far (its memory)."""
+    for value in checkpoint.state.model.values():
+        if hasattr(value, "shards"):
+            value.shards.release()
+            return
+
+
 def whole(checkpoint: Checkpoint) -> Checkpoint:
     """The checkpoint with every tensor whole (a lazily loaded sharded one's slices assembled)."""
     s = checkpoint.state

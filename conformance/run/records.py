@@ -108,3 +108,19 @@ def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str
     return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val,
                                 world_size=run.world_size, keep_last=spec.keep_last, keep_best=spec.keep_best,
                                 events=run.events)
+
+
+def save_sharded(run: Run, updates_done: int, pieces: dict[str, Any], rng: dict[str, Any], meta: dict[str, Any],
+                 versions: dict[str, Any], exchange: Any, val_loss: float | None = None) -> Path:
+    """Write the checkpoint after `updates_done` updates from every rank, each its own `pieces`
+    (conformance.checkpoint.save_sharded; `exchange`: the framework's all-gather of bytes). `rng`,
+    `meta` and `versions` matter on rank 0 only. Collective: every rank calls it."""
+    if run.is_main and run.metrics is not None:
+        run.metrics.sync()
+    spec = run.config.checkpoint
+    val = _finite_or_none(val_loss)
+    state = ckpt.TrainingState(updates_done, {}, None, rng, {**meta, "val_loss": val} if run.is_main else {},
+                               dump_config(run.config))
+    return ckpt.save_sharded(run.checkpoint_dir, state, pieces, rank=run.rank, world_size=run.world_size,
+                             exchange=exchange, versions=versions, val_loss=val, keep_last=spec.keep_last,
+                             keep_best=spec.keep_best, events=run.events if run.is_main else None)

@@ -56,7 +56,7 @@ def config_changes(saved_toml: str, config: Config) -> list[str]:
 def load_valid(path: Path) -> ckpt.Checkpoint:
     """A checkpoint verified to the last field: its hashes (load_checkpoint), then its state
     (validate_state)."""
-    found = ckpt.load_checkpoint(path)
+    found = ckpt.load_checkpoint(path, lazy=True)  # a sharded one: each rank reads its slices later
     validate_state(found)
     return found
 
@@ -72,9 +72,30 @@ def pick_checkpoint(directory: Path, allow_fallback: bool) -> ckpt.Checkpoint | 
     return None if found is None else found[1]
 
 
-def check_resumable(saved_toml: str, config: Config, where: Path) -> None:
-    """Refuse to resume when the run would not continue the checkpoint's trajectory."""
-    bad = [k for k in config_changes(saved_toml, config) if k not in RESUMABLE_CHANGES]
+GLOBAL_BATCH = ("world size", "data.batch_size", "accumulation.steps")
+
+
+def check_resumable(saved_toml: str, config: Config, where: Path, saved_world: int = 1, world: int = 1) -> None:
+    """Refuse to resume when the run would not continue the checkpoint's trajectory. The world size
+    may change (N ranks -> M) when the global batch, world size × data.batch_size ×
+    accumulation.steps, stays the same with the same accumulation.steps: data.batch_size then
+    changes with it (each global micro-batch is the same samples, split M ways instead of N)."""
+    saved_cfg = load_config(_parse(saved_toml, where / "config.toml"))
+    before = (saved_world, saved_cfg.data.batch_size, saved_cfg.accumulation.steps)
+    after = (world, config.data.batch_size, config.accumulation.steps)
+    if before[0] * before[1] * before[2] != after[0] * after[1] * after[2]:
+        raise CheckpointError(
+            f"{where}: cannot resume: the global batch ({' × '.join(GLOBAL_BATCH)}) was "
+            f"{' × '.join(map(str, before))} = {before[0] * before[1] * before[2]} in the checkpoint and is "
+            f"{' × '.join(map(str, after))} = {after[0] * after[1] * after[2]} now; keep the product equal "
+            f"(e.g. --set data.batch_size={before[0] * before[1] // after[0] if before[0] * before[1] % after[0] == 0 else '?'}"
+            f" on {world} ranks)")
+    if before[2] != after[2]:
+        raise CheckpointError(
+            f"{where}: cannot resume: accumulation.steps was {before[2]} in the checkpoint and is {after[2]} now; "
+            f"the global batch is the same, but its micro-batches are not (the mean over micro-batches, "
+            f"dropout per micro-batch), so it would not be the same run")
+    bad = [k for k in config_changes(saved_toml, config) if k not in RESUMABLE_CHANGES and k != "data.batch_size"]
     if bad:
         saved = _flatten(_parse(saved_toml, where / "config.toml"))
         now = _flatten(_parse(dump_config(config), "config"))

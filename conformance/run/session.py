@@ -152,7 +152,7 @@ def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, worl
         checkpoint = pick_checkpoint(out / "checkpoints", config.checkpoint.allow_fallback)
         if checkpoint is not None:
             path = checkpoint.path
-            check_resumable(checkpoint.state.config, config, path)
+            check_resumable(checkpoint.state.config, config, path, checkpoint.manifest["world_size"], world_size)
             meta = checkpoint.state.meta or {}
             data.check_position(meta["data"])
             check_data_position(meta["data"], data.position(checkpoint.state.update), path)
