@@ -94,7 +94,7 @@ def apply_update(
             grad_flags = {**grad_flags, "(a shard on another rank)": torch.tensor(False)}
         check_nonfinite(specs.precision, skips, loss_flag, grad_flags, update)
     else:
-        _clip(specs.clip, grads, norm, norm_v)
+        _clip(specs.clip, grads, norm, norm_v, reduce_norm)
         optimizer.step()
     scaler.update(torch.tensor(finite))
     advanced = specs.precision.schedule_advances(not finite)
@@ -103,9 +103,21 @@ def apply_update(
     return skips, UpdateInfo(loss_v, norm_v, not finite, scale_v, advanced)
 
 
-def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float) -> None:
+def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float,
+          reduce_norm: Callable[[Any, float], Any] | None = None) -> None:
     # The global-norm rule reuses the norm already computed (no second pass over the gradients).
     if spec.mode == "none":
+        return
+    if spec.mode == "per_parameter" and reduce_norm is not None:
+        # sharded: each parameter's norm over every rank's shard (one all-reduce for all of them)
+        if spec.error_if_nonfinite and not math.isfinite(norm_value):
+            check_norm(spec, norm, grads)
+        present = [g for g in grads.values() if g is not None]
+        if present:
+            local = torch.stack([torch.nn.utils.get_total_norm([g], spec.norm_type) for g in present])
+            with torch.no_grad():
+                for g, n in zip(present, reduce_norm(local, spec.norm_type)):
+                    _scale_by_norm([g], n, spec)
         return
     if spec.mode == "global_norm":
         if spec.error_if_nonfinite and not math.isfinite(norm_value):
