@@ -6,10 +6,12 @@ Gradients are reduce-scattered (averaged, as DDP) after the window's last micro-
 (set_requires_gradient_sync off for the others). The update path works on each rank's local
 shards: the finite check and the norm are reduced over the ranks, clipping scales the shards.
 
-Checkpoints stay in the neutral format: parameters and optimizer state are gathered to whole
-tensors (`full_tensor()`, a collective every rank joins) and written by rank 0; on resume every
-rank reads the whole tensors and keeps its shard (`distribute_tensor`). torch.distributed.checkpoint
-is not used: its metadata and non-tensor entries are pickles (docs/training.md).
+Checkpoints are the neutral format's sharded layout (format 3, ref_torch._shards): every rank
+writes its own rows of every parameter and optimizer state and reads back only the rows it holds,
+whatever world size wrote them; nothing is gathered to rank 0. torch.distributed.checkpoint is not
+used: its metadata and non-tensor entries are pickles (docs/training.md). `clip.per_parameter`
+reduces a vector of per-parameter shard norms (`global_norm`); `run.compile` compiles the sharded
+module's forward (FSDP2's hooks run around the compiled graph).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import contextlib
 import fnmatch
 import math
 from collections.abc import Callable, Iterator, Mapping
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,7 +33,6 @@ except ImportError:  # pragma: no cover
 from conformance.config import Config
 from conformance.errors import ConfigError
 from ref_torch.models import GPT, MLP, LinearModel
-from ref_torch.optimizers import export_state, import_state
 
 
 def check(config: Config) -> None:
@@ -120,30 +120,3 @@ def full(t: Any) -> Any:
 def like(src: Any, target: Any) -> Any:
     """A whole tensor as `target` holds it: this rank's shard when `target` is sharded."""
     return distribute_tensor(src, target.device_mesh, target.placements) if isinstance(target, DTensor) else src
-
-
-def export_optimizer(optimizer: Any) -> dict[str, Any]:
-    """export_state over whole tensors (collective): DTensor states are gathered first."""
-    state = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p in optimizer.state:  # sorted: every rank must gather the same tensors in the same order
-                st = optimizer.state[p]
-                state[p] = {k: full(st[k]) if isinstance(st[k], torch.Tensor) else st[k] for k in sorted(st)}
-    return export_state(SimpleNamespace(param_groups=optimizer.param_groups, state=state))
-
-
-def import_optimizer(optimizer: Any, neutral: Mapping[str, Any]) -> None:
-    """import_state, then every whole state tensor shaped like its parameter becomes its shard."""
-    import_state(optimizer, neutral)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if not isinstance(p, DTensor):
-                continue
-            state = optimizer.state.get(p, {})
-            # sorted: a checkpoint's key order can differ between processes (safetensors' Rust
-            # HashMap), and every rank must scatter the same tensors in the same order
-            for key in sorted(state):
-                value = state[key]
-                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == p.shape:
-                    optimizer.state[p][key] = distribute_tensor(value.to(p.device), p.device_mesh, p.placements)

@@ -26,9 +26,9 @@ from conformance.checkpoint.format import (
     list_checkpoints,
     load_checkpoint,
     prepare_directory,
+    release,
     save_checkpoint,
     step_name,
-    release,
     verify_checkpoint,
     whole,
 )

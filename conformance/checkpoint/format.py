@@ -282,7 +282,7 @@ def load_checkpoint(path: str | Path, *, lazy: bool = False) -> Checkpoint:
     except UnicodeDecodeError:
         raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
     if _sharded(manifest):
-        shards = ShardSet(path, manifest)
+        shards = ShardSet(path, manifest, _opened)
         shards.preload({n: b for n, b in data.items() if n not in SHARDED_FILES})
         model, optimizer, ema = split_tensors(shards)
         if not lazy:

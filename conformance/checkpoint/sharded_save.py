@@ -42,7 +42,13 @@ from conformance.checkpoint.format import (
     library_versions,
     step_name,
 )
-from conformance.checkpoint.manifest import MANIFEST, REPLICATED, encode_manifest, parse_manifest, rank_file
+from conformance.checkpoint.manifest import (
+    MANIFEST,
+    REPLICATED,
+    encode_manifest,
+    parse_manifest,
+    rank_file,
+)
 from conformance.errors import CheckpointError
 from conformance.events import Events, notify
 

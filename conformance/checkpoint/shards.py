@@ -19,7 +19,7 @@ assembles whole tensors for everyone else (export, one process, the JAX trainer)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +63,16 @@ class ShardSet:
     against the manifest's size and sha256 and against the table (exactly its pieces, of the listed
     shapes and dtypes), then kept until `release()`."""
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
+    def __init__(self, path: Path, manifest: dict[str, Any], opened: Callable[[Path], Any]) -> None:
+        self.path, self._opened = path, opened  # opened(path): the directory's descriptor, no link followed
         self.table: dict[str, dict[str, Any]] = manifest["tensors"]
         self.entries: dict[str, dict[str, Any]] = manifest["files"]
         self._files: dict[str, dict[str, np.ndarray]] = {}
 
     def file(self, name: str) -> dict[str, np.ndarray]:
         if name not in self._files:
-            from conformance.checkpoint.format import _opened  # format imports this module
-
             entry = self.entries[name]
-            with _opened(self.path) as fd:
+            with self._opened(self.path) as fd:
                 data = io.read_verified(self.path, name, entry["size"], entry["sha256"], dir_fd=fd)
             self._files[name] = self._checked(name, io.decode_tensors(data, self.path / name))
         return self._files[name]
