@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from conformance.checkpoint import check_tensors, whole
-from conformance.checkpoint.rng import pack_rank_rng, unpack_rank_rng
+from conformance.checkpoint import check_tensors, dim0_slice, whole
+from conformance.checkpoint.rng import gather_rng, pack_rank_rng, unpack_rank_rng
 from conformance.config import Config
 from conformance.data import DataInfo
 from conformance.errors import CheckpointError
@@ -30,7 +30,7 @@ from conformance.rules.schedules import start_lrs
 from conformance.run import records
 from conformance.run.session import Run
 from ref_jax import _model, backend
-from ref_jax._parallel import Placement
+from ref_jax._parallel import Placement, exchange, host_array
 from ref_jax._schedules import (
     PlateauState,
     plateau_from_neutral,
@@ -89,9 +89,10 @@ def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: i
     tx = build_optimizer(config.optimizer, params)
     tables = schedule_tables(config, updates_per_epoch, planned)
     real = backend.framework_dtype(config.precision.param_dtype)
-    layout = WindowLayout(config.accumulation.steps, rows_for(config.data.batch_size, place.count), real,
+    # each process lays out its own part of a micro-batch (data.batch_size rows) over its devices
+    layout = WindowLayout(config.accumulation.steps, rows_for(config.data.batch_size, place.local_count), real,
                           info.task == "language_model")
-    eval_rows = rows_for(config.data.eval_batch_size or config.data.batch_size, place.count)
+    eval_rows = rows_for(config.data.eval_batch_size or config.data.batch_size, place.local_count)
     return Parts(m.apply, params, policy, tx, tables, layout, eval_rows, m.state, m.write_back)
 
 
@@ -193,12 +194,13 @@ def round_trip(state: TrainState) -> TrainState:
 
 def params_numpy(state: TrainState) -> dict[str, np.ndarray]:
     """The parameters as NumPy arrays in their own dtype, by neutral name."""
-    return {n: np.array(jax.device_get(p)) for n, p in state.update.params.items()}
+    return {n: host_array(p) for n, p in state.update.params.items()}
 
 
 def model_numpy(state: TrainState) -> dict[str, np.ndarray]:
     """What a checkpoint's model holds: the parameters and the model's own state, by neutral name."""
-    return {**params_numpy(state), **_model.to_tensors(state.update.model_state or {})}
+    model_state = jax.tree.map(host_array, state.update.model_state or {})
+    return {**params_numpy(state), **_model.to_tensors(model_state)}
 
 
 def versions(place: Placement) -> dict[str, Any]:
@@ -217,10 +219,35 @@ def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: 
     config = run.config
     at_x = to_eval_point(state.update.opt_state, state.update.params)
     state = state._replace(update=state.update._replace(params=at_x))
-    exported = export_state(state.update.opt_state)
-    scale = scale_state_to_dict(state.update.scale) if config.precision.dynamic_scaling else None
-    rng, rng_meta = pack_rank_rng([capture_rng(key)])
+    opt_state = jax.tree.map(host_array, state.update.opt_state) if place.processes > 1 else state.update.opt_state
+    exported = export_state(opt_state)
+    scale = scale_state_to_dict(jax.tree.map(host_array, state.update.scale)) \
+        if config.precision.dynamic_scaling else None
+    mine = capture_rng(jax.random.wrap_key_data(host_array(jax.random.key_data(key))))
+    rng, rng_meta = pack_rank_rng(gather_rng(*mine, exchange) if place.processes > 1 else [mine])
     neutral = None if plateau_state is None else plateau.to_json(plateau_neutral(plateau_state))
     meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta, neutral)
-    return records.save(run, updates_done, model_numpy(state), exported["state"], rng, meta, versions(place), val_loss,
+    model = model_numpy(state)
+    if place.processes > 1:  # every process writes its rows of every tensor (the sharded layout)
+        return records.save_sharded(run, updates_done, row_pieces(model, exported["state"], export_ema(ema),
+                                                                  run.rank, run.world_size),
+                                    rng, meta, versions(place), exchange, val_loss)
+    return records.save(run, updates_done, model, exported["state"], rng, meta, versions(place), val_loss,
                         ema=export_ema(ema))
+
+
+def row_pieces(model: dict[str, np.ndarray], optimizer: dict[str, dict[str, np.ndarray]],
+               ema: dict[str, np.ndarray] | None, rank: int, world: int) -> dict[str, Any]:
+    """This process's pieces of replicated whole tensors: rows dim0_slice(n, rank, world) of each
+    (0-d tensors whole: rank 0 writes them), as conformance.checkpoint.save_sharded takes them."""
+    flat = {**{f"model/{k}": v for k, v in model.items()}, **{f"ema/{k}": v for k, v in (ema or {}).items()},
+            **{f"optimizer/{p}/{k}": v for p, e in optimizer.items() for k, v in e.items()}}
+    out = {}
+    for key, value in flat.items():
+        value = np.asarray(value)
+        if value.ndim == 0:
+            out[key] = (value, (), ())
+            continue
+        a, b = dim0_slice(value.shape[0], rank, world)
+        out[key] = (value[a:b], value.shape, (a,) + (0,) * (value.ndim - 1))
+    return out

@@ -81,7 +81,7 @@ import jax
 import numpy as np
 
 from conformance.config import Config, load_config
-from conformance.errors import UnsupportedError
+from conformance.errors import ConfigError, TwinstepError
 from conformance.events import Events, notify
 from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
@@ -99,7 +99,7 @@ from conformance.run.records import (
 from conformance.run.session import Run, TrainResult, open_run
 from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
-from ref_jax._parallel import placement
+from ref_jax._parallel import exchange, init_processes, placement, shutdown
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import batch_fields, pad_rows
@@ -126,18 +126,47 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     config = resolve_config(_as_config(config), model is not None, data is not None)
     rank_ = int(os.environ.get("RANK", "0")) if rank is None else rank
     world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    if rank_ != 0 or world != 1:
-        raise UnsupportedError(f"the JAX trainer runs as one process (rank {rank_} of {world} requested) and "
-                               f"splits each batch over that process's devices with jax.sharding; launch it "
-                               f"without torchrun")
+    if world < 1 or not 0 <= rank_ < world:
+        raise ConfigError(f"rank {rank_} is not in 0..{world - 1} (world_size {world})")
     dataset = given_dataset(config, data, loss_fn is not None)
-    with numerics_context(config.precision):
-        run = open_run(config, out_dir, "jax", resume=resume, progress=progress or config.run.progress,
-                       events=events, dataset=dataset, check_loss=loss_fn is None)
+    created = init_processes(rank_, world, config.run.device)  # torchrun: one JAX process per rank, one mesh over all
+    try:
+        with numerics_context(config.precision):
+            run = _open(config, out_dir, resume, rank_, world, progress or config.run.progress, events, dataset,
+                        loss_fn is None)
+            try:
+                return _loop(run, model, loss_fn)
+            finally:
+                run.close()
+    finally:
+        shutdown(created)
+
+
+def _open(config: Config, out_dir: str | Path, resume: bool, rank: int, world: int, progress: str,
+          events: Events | None, dataset: Any, check_loss: bool) -> Run:
+    # Rank 0 prepares the directory (and may refuse it) before the other processes read from it.
+    def attempt() -> Run | TwinstepError:
         try:
-            return _loop(run, model, loss_fn)
-        finally:
-            run.close()
+            return open_run(config, out_dir, "jax", resume=resume, rank=rank, world_size=world, progress=progress,
+                            events=events, dataset=dataset, check_loss=check_loss)
+        except TwinstepError as exc:
+            return exc
+
+    run = attempt() if rank == 0 else None
+    for turn in (0, 1):
+        if turn == 1 and rank != 0:
+            run = attempt()
+        if not _all(not isinstance(run, TwinstepError), world):
+            if isinstance(run, Run):
+                run.close()
+            raise run if isinstance(run, TwinstepError) else TwinstepError(
+                "rank 0 could not open the run; see its error" if turn == 0 else "another rank could not open the run")
+    return run  # type: ignore[return-value]
+
+
+def _all(ok: bool, world: int) -> bool:
+    """True when every process reports ok."""
+    return ok if world == 1 else all(b == b"1" for b in exchange(b"1" if ok else b"0"))
 
 
 def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> TrainResult:
@@ -179,7 +208,7 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         compute_s = max(time.perf_counter() - t0 - overlap, 0.0)
         run.counters = advance(run.counters, info["skipped"], info["schedule_advanced"])
         losses.append(info["loss"])
-        extra = {"peak_memory_bytes": _peak_memory(place.devices[0]),
+        extra = {"peak_memory_bytes": _peak_memory(jax.local_devices()[0]),
                  **throughput_extras(config, run, window, data_s + compute_s, device_name)}
         if run.metrics is not None:
             run.metrics.log_update(update_record(run, t, window, info, _lrs(out), data_s, compute_s, **extra))
@@ -202,7 +231,8 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         if due:
             last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
             state = ts.round_trip(state)
-        if t + 1 < run.planned and run.stop_requested():  # SIGTERM / SIGINT: save the state after t, stop
+        agree = None if run.world_size == 1 else lambda asked: not _all(not asked, run.world_size)
+        if t + 1 < run.planned and run.stop_requested(agree):  # SIGTERM / SIGINT (any process): save after t, stop
             if not due:
                 last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
             raise run.preempted(t + 1, last)
@@ -229,6 +259,9 @@ def _prepare(run: Run, parts: ts.Parts, place: Any, t: int, user_loss: bool) -> 
     t0 = time.perf_counter()
     window = run.data.window(t)
     counts = None if user_loss else window_counts(run.config, window)
+    if counts is not None and run.world_size > 1:  # the divisor is the global micro-batches' count
+        parts_ = [np.frombuffer(b, np.float64) for b in exchange(np.asarray(counts, np.float64).tobytes())]
+        counts = list(np.sum(parts_, axis=0))
     arrays = parts.layout.pad(window, counts, injected(run.config, t))
     placed = place.put_batch(arrays, axis=1)
     return window, placed, time.perf_counter() - t0

@@ -7,11 +7,13 @@ States are stored as uint32 tensors and plain JSON numbers, never as pickled obj
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
 import numpy as np
 
+from conformance.checkpoint import files as io
 from conformance.errors import CheckpointError
 
 
@@ -68,3 +70,17 @@ def unpack_rank_rng(tensors: dict[str, Any], meta: dict[str, Any], rank: int) ->
     if not mine:
         return None
     return mine, dict((meta or {}).get(prefix.rstrip("/"), {}))
+
+
+def gather_rng(tensors: dict[str, Any], meta: dict[str, Any],
+               exchange: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every rank's (RNG tensors, RNG meta), in rank order, through `exchange(bytes) -> [bytes of
+    every rank]` (safetensors + JSON over the wire, no pickle)."""
+    blob = io.encode_tensors(tensors, "rng")
+    header = json.dumps(meta).encode("utf-8")
+    out = []
+    for i, data in enumerate(exchange(len(header).to_bytes(8, "little") + header + blob)):
+        n = int.from_bytes(data[:8], "little")
+        out.append((io.decode_tensors(data[8 + n:], f"rank {i} RNG state"),  # type: ignore[arg-type]
+                    json.loads(data[8:8 + n].decode("utf-8"))))
+    return out
