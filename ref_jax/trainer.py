@@ -19,7 +19,8 @@ torch: ref_torch._update.apply_update per update; one process per rank (torchrun
 JAX: ONE jitted, donating step for the whole update (ref_jax._train_step), the schedule position
 on the device; the host lays out window t + 1 at one fixed shape while the device computes update
 t. Every device of run.device in one Mesh, each batch split over them (ref_jax._parallel); global
-batch = data.batch_size × accumulation.steps whatever their number. Precision: numerics_context
+batch = data.batch_size × accumulation.steps whatever their number, × the number of processes under
+torchrun (as torch's ranks). Precision: numerics_context
 wraps the run (64-bit types only for float64 runs), bfloat16/float16 through the dtype Policy.
 
 Contract shared by every backend's `train` (same signature and docstring):
@@ -46,7 +47,9 @@ Contract shared by every backend's `train` (same signature and docstring):
 - `resume`: continue from the newest checkpoint that verifies (docs/contract.md §5); without it an
   `out_dir` that already holds checkpoints is refused (CheckpointError), nothing is overwritten.
 - `rank`, `world_size`: None = from the launcher's environment (RANK / WORLD_SIZE, set by
-  torchrun), else 0 and 1 (the JAX trainer runs as rank 0 of 1, else UnsupportedError).
+  torchrun), else 0 and 1. Both trainers run as one process per rank under torchrun (torch: DDP
+  or FSDP2; JAX: jax.distributed, one mesh over every process's devices); a world above 1 without
+  the launcher's MASTER_ADDR / MASTER_PORT is a ConfigError.
   `progress`: "auto" | "bar" | "lines" | "none"; None = run.progress.
 - `events(name, info)`: called at the run's named moments (conformance.events: micro-batches
   or dispatched windows, checkpoint stages); None = nobody watches.

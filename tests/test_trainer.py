@@ -42,7 +42,6 @@ from conformance.errors import (
     ConfigError,
     NonFiniteError,
     TwinstepError,
-    UnsupportedError,
 )
 from conformance.run.metrics import EVAL_KEYS, UPDATE_KEYS, evals, read_metrics, updates
 
@@ -281,8 +280,8 @@ def test_loss_that_does_not_fit_the_data_is_refused(trainer: Trainer, tmp_path: 
         trainer.train(cfg(LINEAR, "loss.name=\"cross_entropy\""), tmp_path / "run")
 
 
-# a world of 2 without a launcher: torch needs torchrun to join the ranks; JAX runs as one process
-SEVERAL_PROCESSES = {"torch": (ConfigError, "torchrun"), "jax": (UnsupportedError, "one process")}
+# a world of 2 without a launcher: both trainers need torchrun's environment to join the ranks
+SEVERAL_PROCESSES = {"torch": (ConfigError, "torchrun"), "jax": (ConfigError, "torchrun")}
 
 
 def test_several_processes_without_a_launcher_are_refused(trainer: Trainer, tmp_path: Path,
