@@ -26,7 +26,11 @@ from support.tamper import rehash_manifest
 from conformance import checkpoint as ck
 from conformance.checkpoint import files as cio
 from conformance.config import dump_config, load_config
-from conformance.errors import CheckpointCorruptError, CheckpointError, CheckpointRejected
+from conformance.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointRejected,
+)
 from conformance.run.resume import check_resumable
 
 FULL = {
