@@ -27,7 +27,6 @@ except ImportError:  # pragma: no cover
 from conformance.checkpoint import dim0_slice
 from conformance.errors import CheckpointError
 from ref_torch._assembly import neutral_names
-from ref_torch.checkpoint import _to_numpy
 from ref_torch.optimizers import export_state, import_state
 
 Piece = tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]
@@ -51,11 +50,22 @@ def _piece(value: Any, like: Any) -> Piece:
     """(this rank's box, the global shape, its start) of `value`, sharded as `like` when it is."""
     rows = _rows(like) if isinstance(value, DTensor) else None
     local = value.to_local() if isinstance(value, DTensor) else value
-    arr = local if isinstance(local, np.ndarray) else _to_numpy(local.detach())
+    arr = local if isinstance(local, np.ndarray) else _host_view(local.detach())
     if rows is None:
         return arr, tuple(arr.shape), (0,) * arr.ndim
     shape = tuple(value.shape)
     return arr, shape, (rows[0],) + (0,) * (len(shape) - 1)
+
+
+def _host_view(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as NumPy without a copy on the CPU (the save streams them to its file
+    synchronously, before training touches them again)."""
+    t = t.cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def local_pieces(tensors: Mapping[str, Any], optimizer: Any) -> dict[str, Piece]:

@@ -133,6 +133,51 @@ def encode_tensors(tensors: dict[str, np.ndarray], what: str) -> bytes:
         raise CheckpointError(f"{what}: cannot serialize tensors ({exc})") from None
 
 
+_CODES = {np.dtype(v).name: k for k, v in DTYPES.items()}
+
+
+def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Create directory/name as a safetensors file streamed from the arrays themselves (no
+    serialized copy in memory: a rank's shard is written with O(1) extra memory), fsync; return
+    {"size", "sha256"}. The bytes are a valid safetensors file (8-byte header size, JSON header
+    with data_offsets, the tensors' little-endian bytes in header order)."""
+    arrays: dict[str, np.ndarray] = {}
+    header: dict[str, Any] = {}
+    offset = 0
+    for key in sorted(tensors):
+        arr = np.asarray(tensors[key])
+        if arr.dtype.name not in _CODES:
+            raise CheckpointError(f"{name}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot hold")
+        arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).reshape(arr.shape)
+        arrays[key] = arr
+        header[key] = {"dtype": _CODES[arr.dtype.name], "shape": list(arr.shape),
+                       "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-aligned, as safetensors writes it
+    path = directory / name
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot create ({exc.strerror})") from None
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for part in [len(text).to_bytes(8, "little"), text] + [a.reshape(-1).view(np.uint8) for a in arrays.values()]:
+            view = memoryview(part)
+            digest.update(view)
+            size += len(view)
+            while view:
+                view = view[os.write(fd, view[:1 << 26]):]
+        os.fsync(fd)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: write failed ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
 def decode_tensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
     """Parse safetensors bytes; any malformed header or unknown dtype is CheckpointCorruptError."""
     try:

@@ -117,19 +117,19 @@ def _write_rank(tmp: Path, state: TrainingState, pieces: Pieces, rank: int, even
         (replicated if whole else own)[key] = arr
         table[key] = {"shape": shape, "dtype": arr.dtype.name, "file": name, "start": start, "stop": stop}
     files: dict[str, Any] = {}
-    files[rank_file(rank)] = io.write_file(tmp, rank_file(rank), io.encode_tensors(own, rank_file(rank)))
+    files[rank_file(rank)] = io.write_tensors(tmp, rank_file(rank), own)  # streamed: no copy of the shard
     notify(events, "checkpoint", stage="after_first_file")
     if rank == 0:
+        if replicated:
+            files[REPLICATED] = io.write_tensors(tmp, REPLICATED, replicated)
         payload = {
-            REPLICATED: io.encode_tensors(replicated, REPLICATED) if replicated else None,
             "rng.safetensors": io.encode_tensors({f"rng/{k}": v for k, v in (state.rng or {}).items()}, "rng"),
             "state.json": io.encode_json(state.meta or {}, "checkpoint meta"),
             "config.toml": state.config.encode("utf-8"),
         }
         for name, data in payload.items():
-            if data is not None:
-                files[name] = io.write_file(tmp, name, data)
-                notify(events, "checkpoint", stage="during_files")
+            files[name] = io.write_file(tmp, name, data)
+            notify(events, "checkpoint", stage="during_files")
     return {"files": files, "tensors": table}
 
 
