@@ -1,6 +1,7 @@
 """The framework-neutral checkpoint: one verified directory per saved update (see format.py).
 
-- `format`: the directory layout, atomic save, verification before parsing, retention;
+- `format`: the directory layout, atomic save, retention;
+- `load`: verification before parsing, whole tensors from either layout (or lazily, by slice);
 - `manifest`: the manifest's strict schema and its hash of itself;
 - `latest`: which checkpoint a resume continues from (the newest that verifies, the fallback);
 - `files`: durable writes and refusing reads, safetensors and strict JSON without pickle;
@@ -24,15 +25,17 @@ from conformance.checkpoint.format import (
     check_tensors,
     library_versions,
     list_checkpoints,
-    load_checkpoint,
     prepare_directory,
-    release,
     save_checkpoint,
     step_name,
+)
+from conformance.checkpoint.latest import find_latest, search
+from conformance.checkpoint.load import (
+    load_checkpoint,
+    release,
     verify_checkpoint,
     whole,
 )
-from conformance.checkpoint.latest import find_latest, search
 from conformance.checkpoint.sharded_save import save_sharded
 from conformance.checkpoint.shards import ShardedTensor, dim0_slice, is_lazy
 

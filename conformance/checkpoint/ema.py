@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.checkpoint.format import load_checkpoint
+from conformance.checkpoint.load import load_checkpoint
 from conformance.errors import CheckpointError
 
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.checkpoint.format import list_checkpoints, verify_checkpoint
+from conformance.checkpoint.format import list_checkpoints
+from conformance.checkpoint.load import verify_checkpoint
 from conformance.errors import CheckpointCorruptError, CheckpointError, TwinstepWarning
 
 
