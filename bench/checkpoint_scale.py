@@ -12,7 +12,8 @@ _parallel.wrap, build_optimizer), saved by the trainer's save (ref_torch._train_
 - one rank: the whole layout (both are the same there).
 
 Memory is rank 0's Linux peak RSS (VmHWM), reset right before the save (/proc/self/clear_refs) and
-read right after it, minus the process's RSS before the model was built (the libraries): what the
+read right after it, minus the process's RSS before the model was built (the libraries; glibc's
+mmap threshold fixed with MALLOC_MMAP_THRESHOLD_ so freed blocks leave the RSS): what the
 model, its optimizer state and the save hold at the save's peak. The ratio divides it by the full
 state (parameters + m + v), so under FSDP it should fall as ~1/N (the rank's resident shard; the save
 itself streams the shard to its file) while the gather baseline stays above 1. Times: wall clock
@@ -133,7 +134,9 @@ def launch(args: argparse.Namespace, world: int, corpus: Path, out: Path) -> dic
           "--layers", str(args.layers), "--width", str(args.width), "--repeats", str(args.repeats)]
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), *me]
            if world > 1 else [sys.executable, *me])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # a fixed mmap threshold: glibc otherwise raises it after each large free and keeps later large
+    # blocks on its heap, so RSS would count memory the process has already freed
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "131072"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):

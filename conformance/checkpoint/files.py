@@ -136,7 +136,7 @@ def encode_tensors(tensors: dict[str, np.ndarray], what: str) -> bytes:
 _CODES = {np.dtype(v).name: k for k, v in DTYPES.items()}
 
 
-def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray], what: str | None = None) -> dict[str, Any]:
     """Create directory/name as a safetensors file streamed from the arrays themselves (no
     serialized copy in memory: a rank's shard is written with O(1) extra memory), fsync; return
     {"size", "sha256"}. The bytes are a valid safetensors file (8-byte header size, JSON header
@@ -147,7 +147,8 @@ def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray]) ->
     for key in sorted(tensors):
         arr = np.asarray(tensors[key])
         if arr.dtype.name not in _CODES:
-            raise CheckpointError(f"{name}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot hold")
+            raise CheckpointError(f"{what or name}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot "
+                                  f"hold")
         arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).reshape(arr.shape)
         arrays[key] = arr
         header[key] = {"dtype": _CODES[arr.dtype.name], "shape": list(arr.shape),

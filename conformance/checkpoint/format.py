@@ -134,15 +134,16 @@ def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: di
 def _save(directory: Path, state: TrainingState, versions: dict[str, Any] | None, val_loss: float | None,
           world_size: int, keep_last: int | None, keep_best: bool, events: Events | None) -> Path:
     directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
-    payload = {
-        "model.safetensors": io.encode_tensors(state.model, "model"),
-        "optimizer.safetensors": io.encode_tensors(_optimizer_tensors(state.optimizer or {}), "optimizer"),
+    # tensor files are streamed from the arrays (files.write_tensors: no serialized copy in memory)
+    payload: dict[str, bytes | Tensors] = {
+        "model.safetensors": Tensors("model", state.model),
+        "optimizer.safetensors": Tensors("optimizer", _optimizer_tensors(state.optimizer or {})),
         "rng.safetensors": io.encode_tensors({f"rng/{k}": v for k, v in (state.rng or {}).items()}, "rng"),
         "state.json": io.encode_json(state.meta or {}, "checkpoint meta"),
         "config.toml": state.config.encode("utf-8"),
     }
     if state.ema is not None:
-        payload["ema.safetensors"] = io.encode_tensors({f"ema/{k}": v for k, v in state.ema.items()}, "ema")
+        payload["ema.safetensors"] = Tensors("ema", {f"ema/{k}": v for k, v in state.ema.items()})
     final = directory / step_name(state.update)
     tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(mode=io.DIR_MODE)
@@ -157,11 +158,20 @@ def _save(directory: Path, state: TrainingState, versions: dict[str, Any] | None
     return final
 
 
-def _write_all(tmp: Path, final: Path, update: int, payload: dict[str, bytes], versions: dict[str, Any] | None,
-               val_loss: float | None, world_size: int, events: Events | None) -> None:
+class Tensors(NamedTuple):
+    """A tensor file to stream (files.write_tensors); `what` names it in errors."""
+
+    what: str
+    tensors: dict[str, np.ndarray]
+
+
+def _write_all(tmp: Path, final: Path, update: int, payload: dict[str, bytes | Tensors],
+               versions: dict[str, Any] | None, val_loss: float | None, world_size: int,
+               events: Events | None) -> None:
     files = {}
     for i, (name, data) in enumerate(payload.items()):
-        files[name] = io.write_file(tmp, name, data)
+        files[name] = (io.write_tensors(tmp, name, data.tensors, data.what) if isinstance(data, Tensors)
+                       else io.write_file(tmp, name, data))
         notify(events, "checkpoint", stage="after_first_file" if i == 0 else "during_files")
     notify(events, "checkpoint", stage="before_manifest")
     manifest = encode_manifest(update=update, files=files, created_unix=time.time(), world_size=world_size,
