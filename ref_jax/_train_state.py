@@ -199,7 +199,11 @@ def params_numpy(state: TrainState) -> dict[str, np.ndarray]:
 
 def model_numpy(state: TrainState) -> dict[str, np.ndarray]:
     """What a checkpoint's model holds: the parameters and the model's own state, by neutral name."""
-    model_state = jax.tree.map(host_array, state.update.model_state or {})
+    model_state = state.update.model_state or {}
+    if jax.process_count() > 1:  # a global array's local copy (to_tensors reads it on the host)
+        model_state = {n: jax.random.wrap_key_data(host_array(jax.random.key_data(v)))
+                       if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else host_array(v)
+                       for n, v in model_state.items()}
     return {**params_numpy(state), **_model.to_tensors(model_state)}
 
 

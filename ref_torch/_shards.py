@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 from conformance.checkpoint import dim0_slice
 from conformance.errors import CheckpointError
 from ref_torch._assembly import neutral_names
-from ref_torch.optimizers import export_state, import_state
+from ref_torch.optimizers import import_state
 
 Piece = tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]
 
@@ -69,25 +69,27 @@ def _host_view(t: torch.Tensor) -> np.ndarray:
 
 
 def local_pieces(tensors: Mapping[str, Any], optimizer: Any) -> dict[str, Piece]:
-    """This rank's pieces of the model ("model/<name>") and optimizer state ("optimizer/<p>/<s>")."""
+    """This rank's pieces of the model ("model/<name>") and optimizer state ("optimizer/<p>/<s>",
+    export_state's neutral names and rules: parameters never stepped have none, `step` as int64),
+    viewed, not copied."""
     pieces = {f"model/{name}": _piece(t.detach(), t) for name, t in tensors.items()}
-    local = {id(p): p.to_local() if isinstance(p, DTensor) else p for g in optimizer.param_groups for p in g["params"]}
-    groups = [dict(g, params=[local[id(p)] for p in g["params"]]) for g in optimizer.param_groups]
-    state = {local[id(p)]: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in optimizer.state[p].items()}
-             for g in optimizer.param_groups for p in g["params"] if p in optimizer.state}
-    neutral = export_state(SimpleNamespace(param_groups=groups, state=state))["state"]
     for group in optimizer.param_groups:
         names = neutral_names(group["optimizer_name"], group)
         for pname, p in zip(group["param_names"], group["params"]):
-            if pname not in neutral:
+            st = optimizer.state.get(p, {})
+            if not st or float(st.get("step", 0)) == 0:
                 continue
-            for key, value in optimizer.state[p].items():
-                if key in names and names[key] in neutral[pname]:
-                    arr = neutral[pname][names[key]]
-                    rows = _rows(p) if isinstance(value, DTensor) and tuple(value.shape) == tuple(p.shape) else None
-                    start = (0,) * arr.ndim if rows is None else (rows[0],) + (0,) * (arr.ndim - 1)
-                    shape = tuple(arr.shape) if rows is None else tuple(p.shape)
-                    pieces[f"optimizer/{pname}/{names[key]}"] = (arr, shape, start)
+            for key, value in st.items():
+                if value is None or key not in names:
+                    continue
+                name = f"optimizer/{pname}/{names[key]}"
+                if key == "step":
+                    pieces[name] = (np.asarray(int(value), np.int64), (), ())
+                elif isinstance(value, DTensor) and tuple(value.shape) == tuple(p.shape):
+                    pieces[name] = _piece(value, p)
+                else:
+                    arr = _host_view(value.full_tensor() if isinstance(value, DTensor) else value.detach())
+                    pieces[name] = (arr, tuple(arr.shape), (0,) * arr.ndim)
     return pieces
 
 

@@ -344,3 +344,15 @@ def test_a_changed_global_batch_is_refused_naming_the_three_fields(world_then, b
 def test_the_same_global_batch_with_other_micro_batches_is_refused() -> None:
     with pytest.raises(CheckpointError, match="accumulation.steps was 3 in the checkpoint and is 6 now"):
         check_resumable(saved(12, 3), now(6, 6), Path("ckpt"), 2, 2)
+
+
+def test_a_resume_may_change_the_evaluations_unless_reduce_on_plateau_observes_them() -> None:
+    def plateau(every: int) -> Any:
+        return load_config({"data": {"name": "binary_blobs"}, "schedule": {"name": "reduce_on_plateau"},
+                            "run": {"eval_every": every}})
+
+    check_resumable(saved(12), load_config({"data": {"name": "binary_blobs", "batch_size": 12},
+                                            "accumulation": {"steps": 3}, "run": {"eval_every": 7}}), Path("c"))
+    check_resumable(dump_config(plateau(5)), plateau(5), Path("c"))  # negative control: unchanged
+    with pytest.raises(CheckpointError, match="run.eval_every was 5 in the checkpoint and is 7 now"):
+        check_resumable(dump_config(plateau(5)), plateau(7), Path("c"))

@@ -149,9 +149,9 @@ def resume_in_process(framework: str, ref: Path, tmp_path: Path, monkeypatch: py
     if forget is not None:
         real = ck.load_checkpoint
 
-        def load(path: Any) -> ck.Checkpoint:
+        def load(path: Any, **kwargs: Any) -> ck.Checkpoint:
             calls.append(1)
-            return _forgotten(real(path), FORGET[framework][forget])
+            return _forgotten(real(path, **kwargs), FORGET[framework][forget])
 
         monkeypatch.setattr(ck, "load_checkpoint", load)
     train = importlib.import_module(f"ref_{framework}.trainer").train

@@ -21,7 +21,10 @@ from conformance.errors import CheckpointError, TwinstepWarning
 from conformance.run.counters import Counters
 from conformance.run.validate import validate_state
 
-# Fields that may differ between a checkpoint's config and the resuming run's.
+# Fields that may differ between a checkpoint's config and the resuming run's: none changes the
+# trajectory (the run length only extends it; evaluations draw nothing and change no weight), but
+# for reduce_on_plateau, which observes the evaluations (OBSERVED). data.batch_size may change with
+# the world size (check_resumable).
 RESUMABLE_CHANGES: tuple[str, ...] = (
     "run.epochs", "run.max_updates", "run.device", "run.log_every", "run.eval_every", "run.compile",
     "run.progress", "run.tensorboard", "run.deterministic", "run.parallel", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
@@ -72,6 +75,8 @@ def pick_checkpoint(directory: Path, allow_fallback: bool) -> ckpt.Checkpoint | 
     return None if found is None else found[1]
 
 
+# What reduce_on_plateau observes (when and which weights are evaluated): resumable only without it.
+OBSERVED = frozenset({"run.eval_every", "ema.evaluate"})
 GLOBAL_BATCH = ("world size", "data.batch_size", "accumulation.steps")
 
 
@@ -95,7 +100,8 @@ def check_resumable(saved_toml: str, config: Config, where: Path, saved_world: i
             f"{where}: cannot resume: accumulation.steps was {before[2]} in the checkpoint and is {after[2]} now; "
             f"the global batch is the same, but its micro-batches are not (the mean over micro-batches, "
             f"dropout per micro-batch), so it would not be the same run")
-    bad = [k for k in config_changes(saved_toml, config) if k not in RESUMABLE_CHANGES and k != "data.batch_size"]
+    allowed = set(RESUMABLE_CHANGES) - (OBSERVED if saved_cfg.schedule.name == "reduce_on_plateau" else set())
+    bad = [k for k in config_changes(saved_toml, config) if k not in allowed and k != "data.batch_size"]
     if bad:
         saved = _flatten(_parse(saved_toml, where / "config.toml"))
         now = _flatten(_parse(dump_config(config), "config"))

@@ -163,7 +163,8 @@ def _counters(w: _Where, meta: dict[str, Any], done: int, config: Config) -> int
     if c["schedule_t"] != position:
         rule = "updates_done - skipped_total (schedule_on_skip = 'hold')" if hold else "updates_done ('advance')"
         raise w.bad("counters.schedule_t", f"{position} = {rule}", c["schedule_t"])
-    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t"}))
+    observes = config.schedule.name == "reduce_on_plateau"  # its state: conformance.rules.plateau, read on restore
+    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t", "plateau"} if observes else {"t"}))
     if schedule["t"] != c["schedule_t"]:
         raise w.bad("schedule.t", f"counters.schedule_t = {c['schedule_t']}", schedule["t"])
     best = c["best_val_loss"]
