@@ -168,7 +168,7 @@ def main() -> None:
     print(f"gpt {args.layers} x {args.width}: {rows[0]['params'] / 1e6:.1f} M parameters; full state (params + "
           f"AdamW m, v, float32) {full / mb:.0f} MiB")
     print(f"{'ranks':>5}  {'layout':<8} {'save s':>7}  {'rank-0 resident MiB':>19}  {'rank-0 peak MiB':>15}  "
-          f"{'peak / full state':>17}  {'x 1/N':>6}")
+          f"{'save adds MiB':>13}  {'peak / full state':>17}  {'x N':>5}")
     for row in rows:
         world = row["world"]
         for layout in dict.fromkeys(r["layout"] for r in row["results"]):
@@ -177,7 +177,7 @@ def main() -> None:
             peak = max(r["peak_bytes"] for r in mine)
             resident = max(r["resident_bytes"] for r in mine)
             print(f"{world:>5}  {layout:<8} {seconds:>7.2f}  {resident / mb:>19.0f}  {peak / mb:>15.0f}  "
-                  f"{peak / full:>17.3f}  {peak / full * world:>6.2f}")
+                  f"{(peak - resident) / mb:>13.0f}  {peak / full:>17.3f}  {peak / full * world:>5.2f}")
 
 
 if __name__ == "__main__":
