@@ -226,6 +226,30 @@ def test_jax_processes_and_torch_fsdp_resume_each_other(fsdp_two: Path, jax_two:
     assert_same_run(jax_two, torch_from_jax)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("rank", "stage"), [(1, "after_first_file"), (0, "before_manifest")])
+def test_a_rank_killed_inside_a_save_leaves_no_checkpoint_that_resume_takes(fsdp_two: Path, tmp: Path, rank: int,
+                                                                            stage: str) -> None:
+    """Rank `rank` is SIGKILLed inside the first save (update 2): rank 1 with its shard durable but
+    unreported, or rank 0 with every shard reported but no manifest. No checkpoint is listed, the
+    temporary directory goes at the next start, and --resume trains from the start like the
+    uninterrupted run."""
+    out = tmp / f"killed-{rank}-{stage}"
+    faults = ROOT / "tests" / "support" / "faults.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(faults),
+           "--rank", str(rank), "checkpoint", f"stage={stage}", "--", "train", str(write_config(tmp)), "--backend",
+           "torch", "--out", str(out), "--progress", "none"]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode != 0
+    assert ck.list_checkpoints(out / "checkpoints") == []
+    left = [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-step-00000002-")]
+    assert len(left) == 1 and not (left[0] / "manifest.json").exists()
+    assert (left[0] / "rank-00001.safetensors").exists()  # a durable shard, never committed
+    train(write_config(tmp), out, "torch", 2, "--resume")
+    assert not left[0].exists()
+    assert_same_run(fsdp_two, out)
+
+
 LOCAL_NORMS = """
 import sys
 from ref_torch import _fsdp

@@ -64,7 +64,8 @@ def save_sharded(directory: str | Path, state: TrainingState, pieces: Pieces, *,
     docstring); every rank calls it. `state`: rank 0's RNG tensors, meta and config (its model,
     optimizer and ema are ignored: the tensors are `pieces`). A piece whose box is its whole tensor
     is replicated: rank 0 writes it, other ranks drop it; empty boxes are skipped. Returns the path
-    on every rank."""
+    on every rank. `events`: every rank observes `after_first_file` (its shard is durable); rank 0
+    the other stages (conformance.events.CHECKPOINT_STAGES)."""
     directory = Path(directory)
     final = directory / step_name(state.update)
     tmp_name = ""

@@ -123,4 +123,4 @@ def save_sharded(run: Run, updates_done: int, pieces: dict[str, Any], rng: dict[
                                dump_config(run.config))
     return ckpt.save_sharded(run.checkpoint_dir, state, pieces, rank=run.rank, world_size=run.world_size,
                              exchange=exchange, versions=versions, val_loss=val, keep_last=spec.keep_last,
-                             keep_best=spec.keep_best, events=run.events if run.is_main else None)
+                             keep_best=spec.keep_best, events=run.events)

@@ -12,6 +12,10 @@ no cleanup, no flush) at the first event with that name whose info matches every
 
 sends the process itself SIGTERM (or INT) there instead, once (with --rank, only on that torchrun
 rank), as a cluster preempting the job would: the run finishes the update, saves and stops.
+
+    torchrun ... tests/support/faults.py --rank 1 checkpoint stage=after_first_file -- train ...
+
+kills only rank 1, here right after its shard of a sharded checkpoint is durable (before it reports it).
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from conformance.events import Events
 KILLED = 137
 
 
-def die_at(name: str, **match: Any) -> Events:
-    """An observer that exits the process abruptly at the first event `name` whose info has `match`."""
+def die_at(name: str, rank: int | None = None, **match: Any) -> Events:
+    """An observer that exits the process abruptly at the first event `name` whose info has `match`
+    (on torchrun rank `rank` only, when given)."""
     want = {k: str(v) for k, v in match.items()}
+    mine = rank is None or int(os.environ.get("RANK", "0")) == rank
 
     def observe(event: str, info: Mapping[str, Any]) -> None:
-        if event == name and all(str(info.get(k)) == v for k, v in want.items()):
+        if mine and event == name and all(str(info.get(k)) == v for k, v in want.items()):
             os._exit(KILLED)
 
     return observe
@@ -74,7 +80,7 @@ def main(argv: list[str]) -> int:
     from conformance.cli import build_parser
     from conformance.errors import Preempted
 
-    events = die_at(name, **match) if sig is None else signal_at(sig, name, rank, **match)
+    events = die_at(name, rank, **match) if sig is None else signal_at(sig, name, rank, **match)
     args = build_parser().parse_args(rest)
     try:
         return int(args.run(args, events=events) or 0)
