@@ -131,6 +131,6 @@ def test_jax_resume_that_forgets_state_fails(torch_full: Path, first_part: dict[
     )
 
     real_pick = session.pick_checkpoint
-    monkeypatch.setattr(session, "pick_checkpoint", lambda *a: forgotten(real_pick(*a), forget))
+    monkeypatch.setattr(session, "pick_checkpoint", lambda *a, **k: forgotten(real_pick(*a, **k), forget))
     got = continue_in("jax", first_part["torch"], tmp_path / "run")
     assert not compare_runs(torch_full, got).passed

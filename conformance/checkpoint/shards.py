@@ -156,6 +156,13 @@ class ShardedTensor:
             raise CheckpointCorruptError(f"{self.shards.path}: {self.key} contains a non-finite value")
         return out
 
+    def __getitem__(self, index: Any) -> np.ndarray:
+        """t[a:b] or t[a:b, c:d]: read() of those contiguous slices."""
+        return self.read(index if isinstance(index, tuple) else (index,))
+
+    def astype(self, dtype: Any) -> np.ndarray:
+        return self.read().astype(dtype)
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.read()
         return out if dtype is None else out.astype(dtype)

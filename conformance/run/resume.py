@@ -56,10 +56,11 @@ def config_changes(saved_toml: str, config: Config) -> list[str]:
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
-def load_valid(path: Path) -> ckpt.Checkpoint:
+def load_valid(path: Path, lazy: bool = False) -> ckpt.Checkpoint:
     """A checkpoint verified to the last field: its hashes (load_checkpoint), then its state
-    (validate_state)."""
-    found = ckpt.load_checkpoint(path, lazy=True)  # a sharded one: each rank reads its slices later
+    (validate_state). `lazy`: a sharded checkpoint's tensors stay ShardedTensors (a resuming rank
+    reads only its slices); else whole."""
+    found = ckpt.load_checkpoint(path, lazy=lazy)
     validate_state(found)
     return found
 
@@ -68,10 +69,11 @@ def _warn(path: Path, exc: Exception) -> None:
     warnings.warn(f"skipping checkpoint {path}: {exc}", TwinstepWarning, stacklevel=5)
 
 
-def pick_checkpoint(directory: Path, allow_fallback: bool) -> ckpt.Checkpoint | None:
+def pick_checkpoint(directory: Path, allow_fallback: bool, lazy: bool = False) -> ckpt.Checkpoint | None:
     """The checkpoint a resume continues from: the newest under `directory` that verifies to the
-    last field (conformance.checkpoint.search with load_valid), or None when there is none."""
-    found = ckpt.search(directory, load_valid, allow_fallback, _warn)
+    last field (conformance.checkpoint.search with load_valid), or None when there is none; whole
+    tensors unless `lazy` (load_valid)."""
+    found = ckpt.search(directory, lambda path: load_valid(path, lazy), allow_fallback, _warn)
     return None if found is None else found[1]
 
 
