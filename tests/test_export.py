@@ -302,3 +302,25 @@ def _frameworks_loaded(run: Path, out: Path, before: str = "") -> str:
 def test_export_loads_no_framework(runs: dict[str, Path], tmp_path: Path) -> None:
     assert _frameworks_loaded(runs["gpt[torch]"], tmp_path / "a") == ""
     assert _frameworks_loaded(runs["gpt[torch]"], tmp_path / "b", "import torch") == "torch"  # the probe sees it
+
+
+def test_token_shard_run_records_the_named_tokenizer(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture, one_thread) -> None:
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from conformance.data.tokenize import tokenize
+
+    (tmp_path / "a.txt").write_text("the cat sat on a mat é\n" * 40)
+    tokenize([str(tmp_path / "a.txt")], tmp_path / "shards", "bytes", progress=False)
+    text = GPT.format(bias="true", dropout=0.0, corpus="-").replace('name = "text"\npath = "-"', (
+        f'name = "tokens"\npath = "{tmp_path}/shards/train_*.bin"')).replace("n_embd = 16", "n_embd = 16\nvocab_size = 256")
+    run = _train("torch", text, tmp_path / "run")
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "plain")], capsys)
+    assert code == 0 and "warning: the vocabulary is not recorded" in err and "--tokenizer bytes" in err
+    assert not (tmp_path / "plain" / "tokenizer.json").exists()
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "hf"), "--tokenizer", "bytes"], capsys)
+    assert code == 0 and "vocabulary: bytes" in err
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok("cat é")["input_ids"] == list("cat é".encode())
+    assert _hf_error(tmp_path / "hf", "torch", _checkpoint(run).state.model) <= 1e-6
