@@ -324,3 +324,23 @@ def test_token_shard_run_records_the_named_tokenizer(tmp_path: Path,
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tok("cat é")["input_ids"] == list("cat é".encode())
     assert _hf_error(tmp_path / "hf", "torch", _checkpoint(run).state.model) <= 1e-6
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer_files(byte_vocabulary(), 8)["tokenizer.json"] + b"\n\n")
+    code, err = _cli([str(run), "--to", "torch", "-o", str(tmp_path / "pt"), "--tokenizer",
+                      str(tmp_path / "tokenizer.json")], capsys)
+    assert code == 0 and (tmp_path / "pt" / "tokenizer.json").read_bytes() == (tmp_path / "tokenizer.json").read_bytes()
+    code, err = _cli([str(run), "--to", "torch", "-o", str(tmp_path / "bad"), "--tokenizer", str(tmp_path / "a.txt")],
+                     capsys)
+    assert code == 2 and "is not a Hugging Face tokenizer.json" in err and not (tmp_path / "bad").exists()
+
+
+def test_a_refused_newest_checkpoint_names_the_older_one(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                          one_thread) -> None:
+    text = SMALL["linear"] + RUN + "[checkpoint]\nevery = 1\nkeep_last = 5\n"
+    run = _train("torch", text, tmp_path / "run")
+    newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    (newest / "state.json").write_bytes((newest / "state.json").read_bytes() + b" ")
+    code, err = _cli([str(run), "--to", "torch", "-o", str(tmp_path / "out")], capsys)
+    older = run / "checkpoints" / "step-00000002"
+    assert code == 2 and "state.json" in err and f"export it with --checkpoint {older}" in err, err
+    code, _ = _cli(["--checkpoint", str(older), "--to", "torch", "-o", str(tmp_path / "out")], capsys)
+    assert code == 0

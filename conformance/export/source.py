@@ -1,8 +1,8 @@
 """Which checkpoint an export reads, and what it takes from it: the model spec and the weights.
 
-A run directory exports its newest checkpoint that verifies to the last field (the one `--resume`
+A run directory (or its checkpoints/ directory) exports its newest checkpoint that verifies to the last field (the one `--resume`
 would continue from: conformance.run.resume.pick_checkpoint, no fallback: a refused newest
-checkpoint is an error that names the older one); `--checkpoint PATH` names one step-* directory
+checkpoint is an error that names the older one); `--checkpoint PATH` (or a RUN_DIR that is one) names one step-* directory
 (verified by conformance.checkpoint.load_checkpoint, as every read). Checkpoints are read only
 through these two, so every layout they load exports. The model spec is the checkpoint's own
 resolved config with the sizes its weights imply (vocab_size, block_size, in/out features).
@@ -45,12 +45,27 @@ def find_checkpoint(run_dir: str | Path | None, checkpoint: str | Path | None) -
     root = Path(run_dir)
     if not check_entry(root, "directory"):
         raise PathError(f"{root}: no such run directory")
-    found = pick_checkpoint(root / "checkpoints", allow_fallback=False) if check_entry(
-        root / "checkpoints", "directory") else None
+    if ckpt.STEP_RE.match(root.name):  # one step-* directory, as `twinstep checkpoint` takes it
+        return ckpt.load_checkpoint(root)
+    directory = root / "checkpoints" if check_entry(root / "checkpoints", "directory") else root
+    try:
+        found = pick_checkpoint(directory, allow_fallback=False)
+    except CheckpointError as exc:
+        raise type(exc)(_export_hint(str(exc), directory)) from None
     if found is None:
         raise CheckpointError(f"{root}: the run has no checkpoint to export (checkpoints/step-* is empty or "
                               f"missing; a run saves one with checkpoint.every or checkpoint.at_end)")
     return found
+
+
+def _export_hint(message: str, directory: Path) -> str:
+    """A refused newest checkpoint's message with the older one that verifies named for export
+    (the resume hint names `checkpoint.allow_fallback`, a training flag)."""
+    head, sep, tail = message.partition("; the older checkpoint ")
+    if not sep:
+        return message
+    name = tail.split(" ", 1)[0]
+    return f"{head}; the older checkpoint {name} verifies: export it with --checkpoint {directory / name}"
 
 
 def read_source(run_dir: str | Path | None, checkpoint: str | Path | None, ema: bool) -> Source:

@@ -30,6 +30,7 @@ class Vocabulary(NamedTuple):
     tokenizer: dict[str, Any]  # the tokenizer.json content
     chars: tuple[str, ...] | None = None
     source: str | None = None
+    raw: bytes | None = None  # a named tokenizer.json's own bytes, copied unchanged
 
 
 def _byte_unicode() -> dict[int, str]:
@@ -71,7 +72,7 @@ def file_vocabulary(path: str) -> Vocabulary:
         size = len(vocab) + len(content.get("added_tokens") or [])
     except (UnicodeDecodeError, ValueError, KeyError, TypeError):
         raise InputError(f"--tokenizer: {path} is not a Hugging Face tokenizer.json (no model.vocab)") from None
-    return Vocabulary("tokenizer.json", size, content, source=str(Path(path).resolve()))
+    return Vocabulary("tokenizer.json", size, content, source=str(Path(path).resolve()), raw=data)
 
 
 def _text_chars(config: Config, recorded: str | None) -> tuple[str, ...] | None:
@@ -130,5 +131,6 @@ def tokenizer_files(vocab: Vocabulary, block_size: int) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json (PreTrainedTokenizerFast) for an export directory."""
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
               "clean_up_tokenization_spaces": False}
-    return {"tokenizer.json": json.dumps(vocab.tokenizer, ensure_ascii=False, indent=1).encode("utf-8"),
+    made = vocab.raw if vocab.raw is not None else json.dumps(vocab.tokenizer, ensure_ascii=False, indent=1).encode()
+    return {"tokenizer.json": made,
             "tokenizer_config.json": (json.dumps(config, indent=1) + "\n").encode("utf-8")}
