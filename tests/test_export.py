@@ -135,6 +135,7 @@ def test_hf_logits_equal_twinstep_forward(runs: dict[str, Path], name: str, tmp_
     assert err <= 1e-6, err
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["activation_function"] == "gelu" and config["tie_word_embeddings"] is True
+    assert config["layer_norm_epsilon"] == 1e-5 and config["n_positions"] == 8  # eps 1e-6 would pass the logits
     assert config["twinstep_vocabulary"]["kind"] == "chars"
 
 
@@ -253,6 +254,11 @@ def test_refusals_are_one_line_and_write_nothing(runs: dict[str, Path], tmp_path
         code, err = _cli(args, capsys)
         assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, (what, err)
         assert not out.exists(), what
+    for inside in (runs["mlp"], runs["mlp"] / "checkpoints" / "step-00000003" / "x"):  # --force must not delete the run
+        code, err = _cli([str(runs["mlp"]), "--to", "torch", "-o", str(inside), "--force"], capsys)
+        assert code == 2 and "overlaps the checkpoint" in err, err
+    assert not (runs["mlp"] / "checkpoints" / "step-00000003" / "x").exists()
+    assert _checkpoint(runs["mlp"]).state.update == 3  # still there and still verifies
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     code, err = _cli([str(runs["mlp"]), "--to", "torch", "-o", str(out)], capsys)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from conformance.errors import ConfigError, UnsupportedError
+from conformance.errors import ConfigError, PathError, UnsupportedError
 from conformance.export import hf, names, vocab
 from conformance.export.source import Source, read_source
 from conformance.export.write import safetensors_bytes, write_directory
@@ -47,6 +47,15 @@ def _json(value: Any) -> bytes:
     return (json.dumps(value, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _check_apart(out: Path, checkpoint: Path) -> None:
+    """-o must neither hold the checkpoint (--force would delete the run) nor lie inside it (an
+    unlisted file makes a checkpoint fail verification)."""
+    target, source = out.resolve(), checkpoint.resolve()
+    if target == source or target in source.parents or source in target.parents:
+        raise PathError(f"-o {out} overlaps the checkpoint {checkpoint}; export to a directory outside the run's "
+                        f"checkpoints (nothing was written)")
+
+
 def export(run_dir: str | Path | None, to: str, out: str | Path, *, checkpoint: str | Path | None = None,
            ema: bool = False, force: bool = False, tokenizer: str | None = None) -> ExportResult:
     """Write the export directory `out` (see the module docstring); every refusal is one
@@ -58,6 +67,7 @@ def export(run_dir: str | Path | None, to: str, out: str | Path, *, checkpoint: 
 
     check_target(out, force)  # before any checkpoint is read
     source = read_source(run_dir, checkpoint, ema)
+    _check_apart(out, source.path)
     if to == "hf" and (reason := hf.refusal(source.spec)):
         raise UnsupportedError(reason)
     found = None
