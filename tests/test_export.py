@@ -350,3 +350,17 @@ def test_a_refused_newest_checkpoint_names_the_older_one(tmp_path: Path, capsys:
     assert code == 2 and "state.json" in err and f"export it with --checkpoint {older}" in err, err
     code, _ = _cli(["--checkpoint", str(older), "--to", "torch", "-o", str(tmp_path / "out")], capsys)
     assert code == 0
+
+
+def test_a_tampered_ema_is_refused(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """ema.safetensors is listed and hashed in the manifest like every checkpoint file."""
+    import shutil
+
+    step = tmp_path / "step-00000004"
+    shutil.copytree(sorted((runs["gpt[torch]"] / "checkpoints").glob("step-*"))[-1], step)
+    assert "ema.safetensors" in json.loads((step / "manifest.json").read_text())["files"]
+    data = bytearray((step / "ema.safetensors").read_bytes())
+    data[-1] ^= 1
+    (step / "ema.safetensors").write_bytes(bytes(data))
+    code, err = _cli(["--checkpoint", str(step), "--to", "hf", "-o", str(tmp_path / "out"), "--ema"], capsys)
+    assert code == 2 and "ema.safetensors" in err and "sha256" in err
