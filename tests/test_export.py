@@ -364,3 +364,16 @@ def test_a_tampered_ema_is_refused(runs: dict[str, Path], tmp_path: Path, capsys
     (step / "ema.safetensors").write_bytes(bytes(data))
     code, err = _cli(["--checkpoint", str(step), "--to", "hf", "-o", str(tmp_path / "out"), "--ema"], capsys)
     assert code == 2 and "ema.safetensors" in err and "sha256" in err
+
+
+def test_a_changed_corpus_records_no_vocabulary(tmp_path: Path, capsys: pytest.CaptureFixture, one_thread) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("abcab cab\n" * 100)
+    run = _train("torch", GPT.format(bias="true", dropout=0.0, corpus=corpus), tmp_path / "run")
+    corpus.write_text("abcab cab\n" * 99 + "bacab cab\n")  # same characters, other text: ids may differ
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "changed")], capsys)
+    assert code == 0 and "is not the one the run trained on" in err
+    assert json.loads((tmp_path / "changed" / "config.json").read_text())["twinstep_vocabulary"] is None
+    corpus.unlink()
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "gone")], capsys)
+    assert code == 0 and "the run's corpus cannot be read" in err and not (tmp_path / "gone" / "tokenizer.json").exists()
