@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from conformance.errors import ConfigError, PathError, UnsupportedError
 from conformance.export import hf, names, vocab
 from conformance.export.source import Source, read_source
-from conformance.export.write import safetensors_bytes, write_directory
+from conformance.export.write import check_target, safetensors_bytes, write_directory
 
 FORMATS = ("hf", "torch", "flax")
 WEIGHTS_FILE = {"hf": "model.safetensors", "torch": "model.safetensors", "flax": "flax_model.safetensors"}
@@ -63,8 +63,6 @@ def export(run_dir: str | Path | None, to: str, out: str | Path, *, checkpoint: 
     if to not in FORMATS:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS)}; received {to!r}")
     out = Path(out)
-    from conformance.export.write import check_target
-
     check_target(out, force)  # before any checkpoint is read
     source = read_source(run_dir, checkpoint, ema)
     _check_apart(out, source.path)
