@@ -58,6 +58,8 @@ def build(spec: OptimizerSpec, lr: Any, clip: Mapping[str, Any] | None = None, e
     if spec.groups:
         raise refuse("[[optimizer.groups]]", "a Keras optimizer has one set of hyper-parameters")
     name = spec.name
+    if name == "schedule_free_sgd":
+        raise refuse("optimizer.name = 'schedule_free_sgd'", "keras.optimizers has ScheduleFreeAdamW only")
     native = f"keras.optimizers ({name})"
     _default(spec, "maximize", False, native)
     _default(spec, "eps_root", 0.0, native)
