@@ -145,7 +145,8 @@ RULES = [
 NATIVE_RULES = ("conformance.rules.inputs.check_loss_inputs", "conformance.rules.groups.resolve_groups",
                 "conformance.rules.groups.group_base_lrs", "conformance.rules.groups.ParamGroup",
                 "conformance.rules.trajectory.check_trajectory_inputs", "conformance.rules.state.check_state",
-                "conformance.rules.schedules.check_schedule", "conformance.rules.windows.prepare_windows",
+                "conformance.rules.schedules.check_schedule", "conformance.rules.schedules.check_metrics",
+                "conformance.rules.schedules.spots", "conformance.rules.windows.prepare_windows",
                 "conformance.rules.loss_scale.require_dynamic_scaling")
 NATIVE_RULE_MODULES = tuple(dict.fromkeys(n.rsplit(".", 1)[0] for n in NATIVE_RULES))
 
