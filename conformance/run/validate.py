@@ -177,7 +177,7 @@ def _counters(w: _Where, meta: dict[str, Any], done: int, config: Config) -> int
         rule = "updates_done - skipped_total (schedule_on_skip = 'hold')" if hold else "updates_done ('advance')"
         raise w.bad("counters.schedule_t", f"{position} = {rule}", c["schedule_t"])
     plateau = frozenset({"plateau"}) if config.schedule.name in PLATEAU else frozenset()
-    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t"}) | plateau)
+    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t"}), plateau)  # plateau: _plateau's
     if schedule["t"] != c["schedule_t"]:
         raise w.bad("schedule.t", f"counters.schedule_t = {c['schedule_t']}", schedule["t"])
     best = c["best_val_loss"]
