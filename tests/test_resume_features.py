@@ -4,7 +4,8 @@
 - reduce_on_plateau + [ema] (evaluations on the EMA, so the plateau observes the EMA's val_loss) +
   a checkpoint every 3 updates: a real `twinstep train` process killed (SIGKILL, exit 137) inside
   update 16 resumes bit for bit (tests/support/resume.py: weights, EMA, optimizer state, counters,
-  the plateau state, every metrics line). Controls: resumes that forget the plateau state or the
+  the plateau state, every metrics line), and so does one stopped by SIGTERM inside update 16
+  (a checkpoint at 17, between the periodic ones). Controls: resumes that forget the plateau state or the
   EMA (planted after the checkpoint verified) fail the same comparison.
 - SIGTERM preemption with a schedule-free optimizer and an [ema], with checkpoint.every = 0: the
   run stops after the update it was in, with a checkpoint there, and the resume equals the
@@ -255,6 +256,21 @@ def test_negative_control_a_preempted_resume_without_the_ema_is_caught(free_runs
     calls = plant_forgetting(monkeypatch, "ema")
     train(framework, schedule_free(True), out, resume=True)
     assert calls and differences(free_runs[(framework, True)], out, PREEMPT_UPDATES) != []
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_plateau_and_ema_preempted_between_checkpoints_resume_bit_exact(plateau_runs: dict, tmp_path: Path,
+                                                                        framework: str) -> None:
+    # SIGTERM inside update 16: the run stops after it with a checkpoint at 17 (not a multiple of 3),
+    # holding the plateau's state after its 17th observation and the EMA
+    out = tmp_path / "run"
+    with pytest.raises(Preempted) as stop:
+        train(framework, PLATEAU_EMA, out, events=signal_inside(framework, 16))
+    assert stop.value.updates_done == 17
+    saved = ck.load_checkpoint(out / "checkpoints" / ck.step_name(17)).state
+    assert saved.ema is not None and saved.meta["schedule"]["plateau"]["observed"] == 17
+    train(framework, PLATEAU_EMA, out, resume=True)
+    assert differences(plateau_runs[framework], out, UPDATES) == []
 
 
 # ---------------------------------------------------------------------------------------------
