@@ -29,6 +29,7 @@ from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import start_lrs
 from conformance.run import records
 from conformance.run.session import Run
+from conformance.run.validate import check_optimizer_entries
 from ref_jax import _model, backend
 from ref_jax._parallel import Placement
 from ref_jax._schedules import (
@@ -155,6 +156,9 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
         params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
         model_state = _model.from_tensors(model_state, saved.model)
         meta = saved.meta or {}
+        # a user's model: its trainable parameters, which only the live model knows, all have their state
+        check_optimizer_entries(found.path / "optimizer.safetensors", params, saved.optimizer or {},
+                                int(meta.get("optimizer_step", 0)))
         opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
                                                          "state": saved.optimizer or {}})
         # the saved weights are a schedule-free optimizer's x, as between any two updates (ref_jax.trainer)

@@ -26,6 +26,7 @@ from conformance.errors import CheckpointError
 from conformance.rules import plateau
 from conformance.run import records
 from conformance.run.session import Run
+from conformance.run.validate import check_optimizer_entries
 from ref_torch import _fsdp
 from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
@@ -119,6 +120,9 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     state, meta = checkpoint.state, checkpoint.state.meta or {}
     where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
+    # a user's model: its trainable parameters, which only the live model knows, all have their state
+    check_optimizer_entries(where / "optimizer.safetensors", objs.tensors.params, state.optimizer or {},
+                            int(meta.get("optimizer_step", 0)))
     to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
     load_tensors(objs.tensors.all(), state.model)
     neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}

@@ -356,3 +356,42 @@ def test_verify_refuses_a_rehashed_tampering_naming_the_field(plateau_runs: dict
     ck.load_checkpoint(step)  # every hash matches: only the state's own checks can refuse it
     code, lines = verify(capsys, step)
     assert code == 1 and len(lines) == 1 and "refused" in lines[0] and field in lines[0], lines
+
+
+# ---------------------------------------------------------------------------------------------
+# a user's model (issue 14) with buffers, an [ema] and reduce_on_plateau, under the field checks
+# ---------------------------------------------------------------------------------------------
+
+
+def user_run(framework: str, out: Path, resume: bool = False) -> Any:
+    from support.user_models import blobs, config, model
+
+    spec = config(8)
+    spec.update(schedule={"name": "reduce_on_plateau", "patience": 0}, ema={"decay": 0.9, "start": 2},
+                checkpoint={"every": 4, "keep_last": 10}, run={**spec["run"], "eval_every": 2, "inject_nonfinite": [3]})
+    return importlib.import_module(f"ref_{framework}.trainer").train(
+        load_config(spec), out, model=model(framework), data=blobs(), progress="none", resume=resume)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_user_models_checkpoint_verifies_and_a_missing_parameter_entry_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture, framework: str) -> None:
+    from conformance.errors import CheckpointError
+
+    full = user_run(framework, tmp_path / "full")
+    code, lines = verify(capsys, tmp_path / "full")  # buffers have no optimizer entry: still verified
+    assert code == 0 and len(lines) == 2 and all(": verified" in line for line in lines), lines
+    for tampered in (False, True):
+        out = tmp_path / f"cut-{tampered}"
+        shutil.copytree(tmp_path / "full", out)
+        shutil.rmtree(out / "checkpoints" / ck.step_name(8))
+        if tampered:  # a trainable parameter's optimizer entry dropped, every hash rewritten
+            step = out / "checkpoints" / ck.step_name(4)
+            first = sorted(full.params)[0]
+            edit_tensors(step, "optimizer.safetensors",
+                         lambda t: [t.pop(k) for k in [k for k in t if k.startswith(f"optimizer/{first}/")]])
+            with pytest.raises(CheckpointError, match=f"optimizer.safetensors: optimizer/{first} is missing"):
+                user_run(framework, out, resume=True)
+        else:  # the control: the untouched checkpoint resumes to the same weights
+            resumed = user_run(framework, out, resume=True)
+            assert all(np.array_equal(resumed.params[k], full.params[k]) for k in full.params)

@@ -18,8 +18,9 @@ for conformance.run.resume.RESUMABLE_CHANGES) and its directory:
 - the loss scale: present exactly when the config scales dynamically, a finite float32 > 0, a
   growth tracker in [0, growth_interval);
 - the optimizer state: an entry for every model tensor once the optimizer has stepped (none
-  before), the names and shapes of docs/contract.md §4 (conformance.rules.state.check_state),
-  finite, each parameter's `step` equal to optimizer_step;
+  before; a user's model: for every trainable parameter, which the trainer checks against the live
+  model on restore, check_optimizer_entries), none for a tensor the model lacks, the names and
+  shapes of docs/contract.md §4 (conformance.rules.state.check_state), finite, each parameter's `step` equal to optimizer_step;
 - reduce_on_plateau's state (`schedule.plateau`, conformance.rules.plateau): present exactly when
   the config's schedule is reduce_on_plateau; its counters within the schedule's patience and
   cooldown, at most one observation per update, `best` finite or (before any finite metric) the
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -247,15 +248,28 @@ def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
     _count(w, "loss_scale.growth_tracker", s["growth_tracker"], spec.growth_interval - 1)
 
 
-def _optimizer(where: Path, model: Mapping[str, np.ndarray], entries: Mapping[str, Any], step: int,
-               config: Config) -> None:
-    shapes = {name: tuple(np.shape(t)) for name, t in model.items()}
+def check_optimizer_entries(where: Path, trainable: Iterable[str], entries: Mapping[str, Any], step: int) -> None:
+    """Every trainable parameter has its optimizer entry once the optimizer has stepped. validate_state
+    applies it to a built-in model's tensors (all of them parameters); a trainer applies it to a user's
+    model when it restores one (model.safetensors also holds its buffers and frozen parameters, which
+    only the live model tells apart)."""
     if step > 0:
-        absent = [name for name in model if name not in entries]
+        absent = [name for name in trainable if name not in entries]
         if absent:
             raise CheckpointError(f"{where}: optimizer/{absent[0]} is missing (the optimizer has stepped "
                                   f"{step} times, so every parameter has its state; {len(absent)} missing in all)")
-    elif entries:
+
+
+def _optimizer(where: Path, model: Mapping[str, np.ndarray], entries: Mapping[str, Any], step: int,
+               config: Config) -> None:
+    unknown = [name for name in entries if name not in model]
+    if unknown:
+        raise CheckpointError(f"{where}: optimizer/{unknown[0]} is not a tensor of model.safetensors")
+    user = config.model.name == "user"  # a user's model: which tensors are parameters, the trainer checks
+    shapes = {name: tuple(np.shape(t)) for name, t in model.items() if not user or name in entries}
+    if not user:
+        check_optimizer_entries(where, model, entries, step)
+    if step == 0 and entries:
         raise CheckpointError(f"{where}: optimizer/{next(iter(entries))} is present, but the optimizer has not "
                               f"stepped yet (optimizer_step = 0)")
     try:
