@@ -149,8 +149,8 @@ def _check_files(files: Any, where: Path) -> None:
     for name in files:
         if name not in FILES + OPTIONAL_FILES:
             raise CheckpointRejected(f"{where} lists an unsafe or unknown file name {name!r} (a checkpoint holds "
-                                     f"exactly {', '.join(FILES)}, and {' or '.join(OPTIONAL_FILES)}; paths, '..' "
-                                     f"and absolute names are refused)")
+                                     f"exactly {', '.join(FILES)} and optionally {', '.join(OPTIONAL_FILES)}; "
+                                     f"paths, '..' and absolute names are refused)")
     for name in FILES + tuple(n for n in OPTIONAL_FILES if n in files):
         entry = files.get(name)
         if entry is None:
