@@ -76,7 +76,7 @@ def open_tokens(header: ShardHeader) -> np.ndarray:
 
 
 def scan(header: ShardHeader, digest: Any, vocab_size: int | None, field: str = "data.path",
-         chunk_tokens: int = 8 << 20) -> int:
+         chunk_tokens: int = 1 << 20) -> int:
     """Feed the tokens to `digest` and check them against `vocab_size` (None: no bound), reading
     the file in chunks (plain reads: the scan maps nothing into memory). Returns the largest token
     (-1 for an empty shard); a token >= vocab_size is an InputError with its index and byte offset."""
