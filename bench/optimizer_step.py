@@ -14,6 +14,7 @@ report median times and the median of the paired ratios; ratios near 1.00 mean n
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -31,6 +32,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "adamw": {"name": "adamw", "lr": 1e-3}, "rmsprop": {"name": "rmsprop", "lr": 1e-3},
     "adagrad": {"name": "adagrad", "lr": 1e-2}, "nadam": {"name": "nadam"}, "adafactor": {"name": "adafactor"},
     "lion": {"name": "lion", "lr": 1e-4}, "muon": {"name": "muon", "lr": 0.02},
+    "schedule_free_adamw": {"name": "schedule_free_adamw", "lr": 1e-3},
+    "schedule_free_sgd": {"name": "schedule_free_sgd", "lr": 0.1},
 }
 
 
@@ -53,15 +56,20 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
     bare_classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
                     "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad, "nadam": torch.optim.NAdam,
                     "adafactor": torch.optim.Adafactor}
+    try:
+        import schedulefree  # the package is the built-in of the schedule-free optimizers
+
+        bare_classes.update(schedule_free_adamw=schedulefree.AdamWScheduleFree,
+                            schedule_free_sgd=schedulefree.SGDScheduleFree)
+    except ImportError:
+        pass
     if name not in bare_classes:
         return None  # no torch built-in to compare with (lion: twinstep's own class; muon: two optimizers)
     spec = load_config({"optimizer": SPECS[name]}).optimizer
-    kwargs = {k: v for k, v in spec.overrides().items() if k not in ("eps_root", "amsgrad_variant", "eps_in_sqrt",
-                                                                     "momentum_schedule")}
+    accepted = inspect.signature(bare_classes[name]).parameters  # twinstep's extra fields stay out
+    kwargs = {k: v for k, v in spec.overrides().items() if k in accepted}
     if name == "adafactor":
         kwargs["eps"] = (None, kwargs["eps"][1])
-    if name == "adamw":
-        kwargs.pop("decoupled_weight_decay", None)
 
     def make(ours: bool) -> Callable[[], None]:
         g = torch.Generator().manual_seed(0)
@@ -69,6 +77,8 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
         for p in params.values():
             p.grad = torch.randn(p.shape, generator=g).to(device) * 1e-2
         opt = build_optimizer(spec, params.items()) if ours else bare_classes[name](params.values(), **kwargs)
+        if hasattr(opt, "train"):
+            opt.train()  # schedulefree's optimizers step in train mode only
         return opt.step
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -102,6 +112,8 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
         "adafactor": lambda: optax.adafactor(hp["lr"], min_dim_size_to_factor=1),
         "lion": lambda: optax.lion(hp["lr"], weight_decay=0.0),
         "muon": lambda: optax.contrib.muon(hp["lr"]),
+        "schedule_free_adamw": lambda: optax.contrib.schedule_free_adamw(hp["lr"]),
+        "schedule_free_sgd": lambda: optax.contrib.schedule_free_sgd(hp["lr"], b1=hp["momentum"]),
     }
     key = jax.random.PRNGKey(0)
     params = {k: jax.random.normal(jax.random.fold_in(key, i), s) for i, (k, s) in enumerate(SHAPES.items())}
@@ -136,7 +148,8 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--optimizers", default="sgd,adam,adamw,rmsprop,adagrad,nadam,adafactor,lion")
+    ap.add_argument("--optimizers", default="sgd,adam,adamw,rmsprop,adagrad,nadam,adafactor,lion,"
+                                            "schedule_free_adamw,schedule_free_sgd")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

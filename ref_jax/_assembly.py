@@ -68,6 +68,12 @@ def split(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
         del static["eps"]
     static["decoupled"] = name == "adamw" or bool(hp.get("decoupled_weight_decay", False))
     static.setdefault("eps_root", 0.0)
+    static.setdefault("eps_hat", False)
+    # decided at build time (no work, no buffer for what is off); set_hyperparams rebuilds when switched on
+    if name in ("rmsprop", "sgd"):
+        static["momentum_on"] = hp["momentum"] != 0
+    if "weight_decay" in hp:
+        static["decay_on"] = hp["weight_decay"] != 0
     return dynamic, static
 
 
@@ -111,10 +117,11 @@ def make(spec: OptimizerSpec, params: Mapping[str, Any]) -> tuple[optax.Gradient
 def fresh_state(plan: Plan, hyperparams: tuple[dict[str, Any], ...],
                 params: Mapping[str, Any] | None = None) -> OptimizerState:
     """The state before any update, with the given per-group hyper-parameters (state dtypes: those
-    of `params` when given, else the plan's)."""
+    of `params` when given, else the plan's). Schedule-free states start z at the given `params`
+    (torch makes it at the first update, from the parameter then: the same in every use here)."""
     leaves = {}
     for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
-        like = jnp.zeros(shape, params[name].dtype if params is not None else dtype)
+        like = jnp.asarray(params[name]) if params is not None else jnp.zeros(shape, dtype)
         leaves[name] = _elementwise.init(plan.optimizers[gi], like, plan.cfg(gi))
     return OptimizerState(plan, tuple({k: _array(v) for k, v in h.items()} for h in hyperparams), leaves)
 
@@ -157,6 +164,31 @@ def _check_rmsprop_buffers(state: OptimizerState, group: int, momentum: Any) -> 
                           f"buffer (torch.optim.RMSprop); set momentum > 0 before the first update")
 
 
+SWITCHES = {"momentum": "momentum_on", "weight_decay": "decay_on"}  # hyper-parameter -> static flag
+
+
+def _switch_on(state: OptimizerState, group: int, key: str, value: Any) -> OptimizerState:
+    """A group built with weight_decay = 0 does no decay work, an rmsprop group built without
+    momentum carries no buffer (the plain step is as cheap as optax.rmsprop's): setting the value
+    non-zero rebuilds the group's plan (and adds the zero buffers). A traced value (inside jit) may
+    be non-zero: rebuilt too (the full path then follows torch for any value)."""
+    plan, flag = state.plan, SWITCHES.get(key)
+    if flag is None or plan.cfg(group).get(flag, True):
+        return state
+    if not isinstance(value, jax.core.Tracer) and float(value) == 0:
+        return state
+    static = list(plan.static)
+    static[group] = tuple(sorted({**plan.cfg(group), flag: True}.items()))
+    new_plan = Plan(plan.names, plan.group_index, plan.shapes, plan.dtypes, plan.optimizers, plan.labels,
+                    tuple(static))
+    leaves = dict(state.leaves)
+    if flag == "momentum_on":  # zero buffers, not yet initialized: torch makes them at the next update
+        for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
+            if gi == group:
+                leaves[name] = leaves[name]._replace(momentum_buffer=jnp.zeros(shape, dtype))
+    return OptimizerState(new_plan, state.hyperparams, leaves)
+
+
 def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]) -> OptimizerState:
     """A copy of `state` with group `group`'s dynamic hyper-parameters replaced (jittable)."""
     plan = state.plan
@@ -171,7 +203,8 @@ def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]
             value = value[1] if isinstance(value, (tuple, list)) else value
         if key == "momentum" and plan.optimizers[group] == "rmsprop":
             _check_rmsprop_buffers(state, group, value)
+        state = _switch_on(state, group, key, value)
         current[key] = _array(value, current[key])
     hps = list(state.hyperparams)
     hps[group] = current
-    return OptimizerState(plan, tuple(hps), state.leaves)
+    return OptimizerState(state.plan, tuple(hps), state.leaves)

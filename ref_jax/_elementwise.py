@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ref_jax import _schedule_free
 from ref_jax._kernels import cast_like, coef, decay, float_count, lerp, prepare, zeros
 from ref_jax._matrix import adafactor_init, adafactor_update, muon_init, muon_update
 
@@ -36,7 +37,7 @@ class Delta(NamedTuple):
 
 class SGDState(NamedTuple):
     step: Any
-    momentum_buffer: Any
+    momentum_buffer: Any  # None for a group built without momentum (cfg["momentum_on"] false)
     initialized: Any  # torch creates the buffer at the first update with momentum != 0
 
 
@@ -52,7 +53,7 @@ class RMSpropState(NamedTuple):
     step: Any
     square_avg: Any
     grad_avg: Any
-    momentum_buffer: Any
+    momentum_buffer: Any  # None for a group built without momentum (cfg["momentum_on"] false)
     initialized: Any  # torch creates the buffer at the first update if momentum > 0 then
 
 
@@ -86,16 +87,23 @@ INTERNAL_FIELDS = ("initialized",)  # not part of the neutral state
 
 
 def sgd_init(p: Any, cfg: Mapping[str, Any]) -> SGDState:
-    return SGDState(jnp.zeros([], jnp.int32), zeros(p), jnp.zeros([], bool))
+    return SGDState(jnp.zeros([], jnp.int32), zeros(p) if cfg["momentum_on"] else None, jnp.zeros([], bool))
 
 
 def _flag(x: Any, dtype: Any) -> Any:
     return jnp.asarray(x).astype(dtype)
 
 
+def _finish(p: Any, step: Any, cfg: Mapping[str, Any]) -> Any:
+    # torch's kernel ends with p + step: Delta when p itself is untouched, else the decayed p + step
+    return p + step if cfg["decoupled"] and cfg.get("decay_on", True) else Delta(step)
+
+
 def sgd_update(g, s: SGDState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, False)
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
+    if not cfg["momentum_on"]:  # built without momentum: torch's plain step, no buffer to carry
+        return _finish(p, coef(-hp["lr"], p) * g, cfg), SGDState(s.step + 1, None, s.initialized)
     mu = hp["momentum"]
     # buf ← a·buf + b·g with scalar a, b (one fused pass): steady (μ, 1 − dampening), torch's first
     # buffer g (0, 1), momentum 0 (1, 0: torch keeps no buffer update); x·1 + y·0 is x exactly.
@@ -104,8 +112,8 @@ def sgd_update(g, s: SGDState, p, hp, cfg):
     a = coef(mu, g) * (1 - first) * on + (1 - on)
     b = (coef(1 - hp["dampening"], g) * (1 - first) + first) * on
     buf = s.momentum_buffer * a + g * b
-    d = g + (coef(mu, g) * on) * buf if cfg["nesterov"] else buf * on + g * (1 - on)
-    return Delta(coef(-hp["lr"], p) * d), SGDState(s.step + 1, buf, s.initialized | (mu != 0))
+    d = g + (coef(mu, g) * on) * buf if cfg["nesterov"] else jnp.where(mu != 0, buf, g)  # a select, no flops
+    return _finish(p, coef(-hp["lr"], p) * d, cfg), SGDState(s.step + 1, buf, s.initialized | (mu != 0))
 
 
 # ------------------------------------------------------------------ adam, adamw
@@ -120,7 +128,7 @@ def adam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
 
 def adam_update(g, s: AdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     m = lerp(s.m, g, 1 - b1)
@@ -138,12 +146,15 @@ def adam_update(g, s: AdamState, p, hp, cfg):
         if v_max is not None:
             v_max = jnp.maximum(v_max, v)
         second = v if v_max is None else v_max
+        if cfg["eps_hat"]:  # Keras: α = lr·√(1−β2ᵗ)/(1−β1ᵗ), p ← p − α·m/(√v + ε)
+            step = (coef(-hp["lr"] * bc2 ** 0.5 / bc1, p) * m) / (jnp.sqrt(second) + eps)
+            return _finish(p, step, cfg), AdamState(t, m, v, v_max, v_hat_max)
         if root:
             denom = jnp.sqrt(second / coef(bc2, v) + coef(root, v)) + eps
         else:
             denom = jnp.sqrt(second) / coef(jnp.sqrt(bc2), v) + eps
     step = (coef(-hp["lr"] / bc1, p) * m) / denom
-    return (p + step if cfg["decoupled"] else Delta(step)), AdamState(t, m, v, v_max, v_hat_max)
+    return _finish(p, step, cfg), AdamState(t, m, v, v_max, v_hat_max)
 
 
 # ------------------------------------------------------------------ rmsprop
@@ -151,12 +162,13 @@ def adam_update(g, s: AdamState, p, hp, cfg):
 
 def rmsprop_init(p: Any, cfg: Mapping[str, Any]) -> RMSpropState:
     z = zeros(p)
-    return RMSpropState(jnp.zeros([], jnp.int32), z, z if cfg["centered"] else None, z, jnp.zeros([], bool))
+    buf = z if cfg["momentum_on"] else None
+    return RMSpropState(jnp.zeros([], jnp.int32), z, z if cfg["centered"] else None, buf, jnp.zeros([], bool))
 
 
 def rmsprop_update(g, s: RMSpropState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, False)
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     a = hp["alpha"]
     sq = s.square_avg * coef(a, g) + (coef(1 - a, g) * g) * g
     grad_avg = s.grad_avg
@@ -167,6 +179,9 @@ def rmsprop_update(g, s: RMSpropState, p, hp, cfg):
         var = sq
     eps = coef(hp["eps"], g)
     avg = jnp.sqrt(var + eps) if cfg["eps_in_sqrt"] else jnp.sqrt(var) + eps
+    if not cfg["momentum_on"]:  # built without momentum: torch's plain step, no buffer to carry
+        step = (coef(-hp["lr"], g) * g) / avg  # torch's addcdiv rounds (-lr·g)/avg
+        return _finish(p, step, cfg), RMSpropState(s.step + 1, sq, grad_avg, None, s.initialized)
     mu = hp["momentum"]
     on = mu > 0  # momentum 0: torch's plain step, buffer untouched
     # one division either way: torch's addcdiv rounds (-lr·g)/avg on the plain path, g/avg into the buffer
@@ -174,7 +189,7 @@ def rmsprop_update(g, s: RMSpropState, p, hp, cfg):
     buf = jnp.where(on, s.momentum_buffer * coef(mu, g) + q, s.momentum_buffer)
     step = jnp.where(on, coef(-hp["lr"], p) * buf, q)
     made = jnp.where(s.step == 0, mu > 0, s.initialized)
-    return Delta(step), RMSpropState(s.step + 1, sq, grad_avg, buf, made)
+    return _finish(p, step, cfg), RMSpropState(s.step + 1, sq, grad_avg, buf, made)
 
 
 # ------------------------------------------------------------------ adagrad
@@ -186,7 +201,7 @@ def adagrad_init(p: Any, cfg: Mapping[str, Any]) -> AdagradState:
 
 def adagrad_update(g, s: AdagradState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, False)
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     t = s.step + 1
     clr = hp["lr"] / (1 + (float_count(t, hp) - 1) * hp["lr_decay"])
     acc = s.sum + g * g
@@ -195,7 +210,7 @@ def adagrad_update(g, s: AdagradState, p, hp, cfg):
         step = coef(-clr, p) * (g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0))
     else:
         step = (coef(-clr, p) * g) / (jnp.sqrt(acc) + eps)
-    return Delta(step), AdagradState(t, acc)
+    return _finish(p, step, cfg), AdagradState(t, acc)
 
 
 # ------------------------------------------------------------------ adamax
@@ -207,13 +222,16 @@ def adamax_init(p: Any, cfg: Mapping[str, Any]) -> AdamaxState:
 
 def adamax_update(g, s: AdamaxState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, False)
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     m = lerp(s.m, g, 1 - b1)
-    u = jnp.maximum(s.u * coef(b2, g), jnp.abs(g) + coef(hp["eps"], g))
     clr = hp["lr"] / (1 - b1 ** float_count(t, hp))
-    return Delta((coef(-clr, p) * m) / u), AdamaxState(t, m, u)
+    if cfg["eps_hat"]:  # Keras: eps outside the max
+        u = jnp.maximum(s.u * coef(b2, g), jnp.abs(g))
+        return _finish(p, (coef(-clr, p) * m) / (u + coef(hp["eps"], g)), cfg), AdamaxState(t, m, u)
+    u = jnp.maximum(s.u * coef(b2, g), jnp.abs(g) + coef(hp["eps"], g))
+    return _finish(p, (coef(-clr, p) * m) / u, cfg), AdamaxState(t, m, u)
 
 
 # ------------------------------------------------------------------ nadam
@@ -227,7 +245,7 @@ def nadam_init(p: Any, cfg: Mapping[str, Any]) -> NAdamState:
 
 def nadam_update(g, s: NAdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     tf = float_count(t, hp)
@@ -241,10 +259,15 @@ def nadam_update(g, s: NAdamState, p, hp, cfg):
     prod = (s.mu_product * mu.astype(s.mu_product.dtype)).astype(s.mu_product.dtype)
     m = lerp(s.m, g, 1 - b1)
     v = s.v * coef(b2, g) + (coef(1 - b2, g) * g) * g
-    denom = jnp.sqrt(v / coef(bc2, v)) + coef(hp["eps"], v)
     prod_f = prod.astype(tf.dtype)
-    new_p = p + (coef(-hp["lr"] * (1.0 - mu) / (1.0 - prod_f), p) * g) / denom
-    new_p = new_p + (coef(-hp["lr"] * mu_next / (1.0 - prod_f * mu_next), p) * m) / denom
+    lr = hp["lr"]
+    c1, c2 = -lr * (1.0 - mu) / (1.0 - prod_f), -lr * mu_next / (1.0 - prod_f * mu_next)
+    if cfg["eps_hat"]:  # Keras's placement: eps on the raw sqrt(v), sqrt(1 − β2ᵗ) in the step sizes
+        denom, c1, c2 = jnp.sqrt(v) + coef(hp["eps"], v), c1 * bc2 ** 0.5, c2 * bc2 ** 0.5
+    else:
+        denom = jnp.sqrt(v / coef(bc2, v)) + coef(hp["eps"], v)
+    new_p = p + (coef(c1, p) * g) / denom
+    new_p = new_p + (coef(c2, p) * m) / denom
     return new_p, NAdamState(t, m, v, prod)
 
 
@@ -257,7 +280,7 @@ def radam_init(p: Any, cfg: Mapping[str, Any]) -> AdamState:
 
 def radam_update(g, s: AdamState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, cfg["decoupled"])
+    g, p = decay(g, p, hp, cfg, cfg["decoupled"])
     b1, b2 = hp["betas"]
     t = s.step + 1
     tf = float_count(t, hp)
@@ -274,7 +297,7 @@ def radam_update(g, s: AdamState, p, hp, cfg):
     on = _flag(rho > 5.0, p.dtype)  # rectified from rho_t > 5 (torch), else plain momentum
     step = m_hat * lr
     step = ((step * adaptive) * coef(rect, p)) * on + step * (1 - on)
-    return (p - step if cfg["decoupled"] else Delta(-step)), AdamState(t, m, v)
+    return _finish(p, -step, cfg), AdamState(t, m, v)
 
 
 # ------------------------------------------------------------------ lion
@@ -286,7 +309,7 @@ def lion_init(p: Any, cfg: Mapping[str, Any]) -> LionState:
 
 def lion_update(g, s: LionState, p, hp, cfg):
     g, p, _ = prepare(g, p, cfg)
-    g, p = decay(g, p, hp, True)
+    g, p = decay(g, p, hp, cfg, True)
     b1, b2 = hp["betas"]
     direction = jnp.sign(s.m * coef(b1, g) + coef(1 - b1, g) * g)
     m = s.m * coef(b2, g) + coef(1 - b2, g) * g
@@ -308,6 +331,8 @@ LEAVES: dict[str, tuple[Init, Update]] = {
     "lion": (lion_init, lion_update),
     "adafactor": (adafactor_init, adafactor_update),
     "muon": (muon_init, muon_update),
+    "schedule_free_adamw": (_schedule_free.adamw_init, _schedule_free.update),
+    "schedule_free_sgd": (_schedule_free.sgd_init, _schedule_free.update),
 }
 
 

@@ -1,7 +1,8 @@
 """The building blocks of ref_jax's per-parameter optimizer math (_elementwise, _matrix): torch's
 kernel conventions written with jnp. `coef` casts a scalar to the tensor's dtype, `lerp` is torch's
 two-formula lerp, `prepare` picks the working dtype (float32 for half-precision parameters) and
-applies maximize, `decay` is L2 or decoupled weight decay, `float_count` an update count as a float
+applies maximize, `decay` is L2 or decoupled weight decay (nothing for a group built with
+weight_decay = 0), `float_count` an update count as a float
 of the hyper-parameters' dtype, `zeros` / `cast_like` make and round states."""
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def prepare(g: Any, p: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return (-g if cfg.get("maximize") else g), p.astype(work), work
 
 
-def decay(g: Any, p: Any, hp: Mapping[str, Any], decoupled: bool) -> tuple[Any, Any]:
+def decay(g: Any, p: Any, hp: Mapping[str, Any], cfg: Mapping[str, Any], decoupled: bool) -> tuple[Any, Any]:
+    if not cfg.get("decay_on", True):  # built with weight_decay = 0: no work (rebuilt when switched on)
+        return g, p
     if decoupled:
         return g, p * coef(1 - hp["lr"] * hp["weight_decay"], p)
     return g + coef(hp["weight_decay"], p) * p, p

@@ -1,10 +1,19 @@
 """Optax schedules for a ScheduleSpec (JAX only; the torch twin builds lr_scheduler objects).
 
 Each group gets one jittable callable count -> lr, built from optax schedules where optax has the
-same mathematics (exponential_decay, piecewise_constant_schedule, linear_schedule,
-polynomial_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule, join_schedules) and from
-small closed forms where it has none or differs (torch's cosine past t_max, OneCycleLR's
-fractional phase ends, warm restarts for ever, inverse sqrt, wsd's 1 − sqrt decay).
+same mathematics (exponential_decay with its end_value but for the staircase, piecewise_constant_schedule,
+linear_schedule, polynomial_schedule with its end_value, cosine_decay_schedule,
+warmup_cosine_decay_schedule, join_schedules) and from small closed forms where it has none or
+differs (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm restarts for ever
+with Keras's m_mul, inverse sqrt, wsd's 1 − sqrt decay, ChainedScheduler's product of factors,
+CyclicLR's triangles).
+
+reduce_on_plateau is no function of the count: `plateau_step` is torch's ReduceLROnPlateau as one
+pure, jittable step over a NamedTuple state (`PlateauState`), fed each observed metric.
+optax.contrib.reduce_on_plateau is not used: it reduces after `patience` bad values (torch after
+patience + 1), knows only "min" with rtol and atol together, scales all updates by one factor
+with a relative floor (torch: every group's lr, an absolute min_lr and eps) and can average
+several values before deciding (docs/divergences.md S-PLATEAU).
 
 Exact in float64: optax counters are int32, and int32 / int is float32 even with x64 on
 (reference/semantics.md §0.2), so every schedule first casts the count to the default float type
@@ -22,6 +31,7 @@ import optax
 
 from conformance.config.schedule import ScheduleSpec
 from conformance.errors import InputError
+from conformance.rules.plateau import Plateau
 from conformance.rules.schedules import onecycle_phases, start_lrs
 
 Schedule = Callable[[Any], Any]
@@ -70,11 +80,12 @@ def _restarts(spec: ScheduleSpec, b: float) -> Schedule:
 
     def schedule(s: Any) -> Any:
         if mult == 1:
-            t_cur, t_i = jnp.mod(s, t0), t0
+            i, t_cur, t_i = s // t0, jnp.mod(s, t0), t0  # floor(s / t0) is not exact under XLA (S-STAIRCASE)
         else:
             i = jnp.searchsorted(jnp.asarray(starts_a, s.dtype), s, side="right") - 1
             t_cur, t_i = s - jnp.asarray(starts_a, s.dtype)[i], jnp.asarray(lengths_a, s.dtype)[i]
-        return eta + (b - eta) * (1 + jnp.cos(jnp.pi * t_cur / t_i)) / 2
+        peak = (b - eta) * spec.m_mul ** i if spec.m_mul != 1 else b - eta  # Keras's m_mul per restart
+        return eta + peak * (1 + jnp.cos(jnp.pi * t_cur / t_i)) / 2
 
     return schedule
 
@@ -93,6 +104,51 @@ def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> S
         bounds.append(end)
         begin = end
     return optax.join_schedules(parts, bounds[:-1])
+
+
+def _cyclic_height(spec: ScheduleSpec) -> Schedule:
+    """torch's CyclicLR: the fraction of the amplitude at schedule step s (mode's scale included)."""
+    total = float(spec.step_size_up + spec.step_size_down)
+    ratio = spec.step_size_up / total
+
+    def height(s: Any) -> Any:
+        cycle = 1 + s // total  # exact; jnp.floor(s / total) is not (S-STAIRCASE)
+        x = 1.0 + s / total - cycle
+        h = jnp.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
+        if spec.mode == "triangular2":
+            return h * (1 / (2.0 ** (cycle - 1)))
+        if spec.mode == "exp_range":
+            return h * spec.gamma ** s
+        return h
+
+    return height
+
+
+def _staircase(b: float, k: int, gamma: float, end: float | None) -> Schedule:
+    """StepLR / optax.exponential_decay(staircase=True, end_value): b·γ^⌊s/k⌋, bounded by `end`. Not
+    optax's: its floor(count / k) lands one step early at some boundaries under a float64 count,
+    where XLA multiplies by 1/k (docs/divergences.md S-STAIRCASE); s // k is exact."""
+
+    def schedule(s: Any) -> Any:
+        value = b * gamma ** (s // k)
+        if end is None:
+            return value
+        return jnp.maximum(value, end) if gamma < 1 else jnp.minimum(value, end)
+
+    return schedule
+
+
+def _chained(spec: ScheduleSpec, b: float) -> Schedule:
+    # ChainedScheduler: every part multiplies the lr by its own factor (its schedule for a base lr of 1)
+    factors = [lr_schedule(p, 1.0) for p in spec.schedulers]  # type: ignore[union-attr]
+
+    def schedule(s: Any) -> Any:
+        out = b
+        for f in factors:
+            out = out * f(s)
+        return out
+
+    return schedule
 
 
 def _warmup(spec: ScheduleSpec, b: float) -> Schedule:
@@ -117,18 +173,19 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
         if spec.factor is None:
             return optax.constant_schedule(b)
         return optax.piecewise_constant_schedule(b * spec.factor, {spec.total_iters: 1.0 / spec.factor})
+    end = None if spec.end_factor is None else b * spec.end_factor  # optax's end_value
     if name == "step":
-        return optax.exponential_decay(b, spec.step_size, spec.gamma, staircase=True)
+        return _staircase(b, spec.step_size, spec.gamma, end)
     if name == "multistep":
         return optax.piecewise_constant_schedule(b, {m: spec.gamma for m in spec.milestones})
     if name == "exponential":
-        return optax.exponential_decay(b, 1, spec.gamma)
+        return optax.exponential_decay(b, 1, spec.gamma, end_value=end)
     if name == "cosine":
         return _torch_cosine(b, spec.eta_min, spec.t_max)
     if name == "linear":
         return optax.linear_schedule(b * spec.start_factor, b * spec.end_factor, spec.total_iters)
     if name == "polynomial":
-        return optax.polynomial_schedule(b, 0.0, spec.power, spec.total_iters)
+        return optax.polynomial_schedule(b, end, spec.power, spec.total_iters)
     if name == "onecycle":
         return _onecycle(spec, onecycle_phases(spec, b))
     if name == "cosine_restarts":
@@ -147,6 +204,13 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
     if name == "sequential":
         # join_schedules restarts each part at its milestone, exactly as torch's SequentialLR
         return optax.join_schedules([lr_schedule(p, b) for p in spec.schedulers], list(spec.milestones))
+    if name == "chained":
+        return _chained(spec, b)
+    if name == "cyclic":
+        height = _cyclic_height(spec)
+        return lambda s: b + (spec.max_lr - b) * height(s)
+    if name == "reduce_on_plateau":
+        return optax.constant_schedule(b)  # between observations the lr holds; plateau_step moves it
     raise InputError(f"schedule.name {name!r} has no optax schedule")
 
 
@@ -165,4 +229,61 @@ def build_schedules(spec: ScheduleSpec, base_lrs: Sequence[float], updates_per_e
     if spec.name == "onecycle" and spec.cycle_momentum:
         cycle = _counted(_onecycle(spec, onecycle_phases(spec, 1.0, momentum=True)), updates_per_epoch)
         momentum = tuple(cycle for _ in lr)
+    if spec.name == "cyclic" and spec.cycle_momentum:
+        hi, lo, height = spec.max_momentum, spec.base_momentum, _cyclic_height(spec)
+        cycle = _counted(lambda s: hi - (hi - lo) * height(s), updates_per_epoch)  # inverse to the lr
+        momentum = tuple(cycle for _ in lr)
     return GroupSchedules(lr, momentum)
+
+
+class PlateauState(NamedTuple):
+    """reduce_on_plateau's state (torch's ReduceLROnPlateau attributes): the best metric so far,
+    the bad observations since, the cooldown left, the metrics observed and every group's lr."""
+
+    best: Any
+    num_bad_epochs: Any
+    cooldown_counter: Any
+    observed: Any
+    lrs: Any
+
+
+def plateau_init(spec: ScheduleSpec, base_lrs: Sequence[float]) -> PlateauState:
+    """Before any metric: best is the worst value of the mode, the groups at their base lr."""
+    best = jnp.inf if spec.mode == "min" else -jnp.inf
+    return PlateauState(jnp.asarray(best), jnp.asarray(0), jnp.asarray(0), jnp.asarray(0),
+                        jnp.asarray(list(base_lrs), jnp.result_type(float)))
+
+
+def plateau_step(spec: ScheduleSpec, state: PlateauState, metric: Any) -> PlateauState:
+    """Observe one metric (torch's ReduceLROnPlateau.step): better → new best; else one more bad
+    observation; in cooldown bad ones are ignored; more than `patience` bad ones multiply every
+    lr by `factor` (not below min_lr, and only where it falls by more than eps), then cooldown."""
+    th = spec.threshold
+    if spec.mode == "min":
+        better = metric < (state.best * (1 - th) if spec.threshold_mode == "rel" else state.best - th)
+    else:
+        better = metric > (state.best * (1 + th) if spec.threshold_mode == "rel" else state.best + th)
+    best = jnp.where(better, metric, state.best)
+    bad = jnp.where(better, 0, state.num_bad_epochs + 1)
+    cooling = state.cooldown_counter > 0
+    cooldown = jnp.where(cooling, state.cooldown_counter - 1, state.cooldown_counter)
+    bad = jnp.where(cooling, 0, bad)
+    reduce = bad > spec.patience
+    lower = jnp.maximum(state.lrs * spec.factor, spec.min_lr)
+    lrs = jnp.where(reduce & (state.lrs - lower > spec.eps), lower, state.lrs)
+    return PlateauState(best, jnp.where(reduce, 0, bad), jnp.where(reduce, spec.cooldown, cooldown),
+                        state.observed + 1, lrs)
+
+
+def plateau_neutral(state: PlateauState) -> Plateau:
+    """The neutral plateau state (conformance.rules.plateau) of a PlateauState."""
+    lrs = tuple(float(x) for x in np.asarray(state.lrs, np.float64))
+    return Plateau(float(state.best), int(state.num_bad_epochs), int(state.cooldown_counter),
+                   int(state.observed), lrs)
+
+
+def plateau_from_neutral(state: Plateau) -> PlateauState:
+    """A PlateauState from the neutral plateau state."""
+    return PlateauState(jnp.asarray(state.best), jnp.asarray(state.num_bad_epochs),
+                        jnp.asarray(state.cooldown_counter), jnp.asarray(state.observed),
+                        jnp.asarray(state.lrs, jnp.result_type(float)))

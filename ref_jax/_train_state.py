@@ -24,15 +24,32 @@ from conformance.checkpoint.rng import pack_rank_rng, unpack_rank_rng
 from conformance.config import Config
 from conformance.data import DataInfo
 from conformance.errors import CheckpointError
+from conformance.rules import plateau
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import start_lrs
 from conformance.run import records
 from conformance.run.session import Run
 from ref_jax import _model, backend
 from ref_jax._parallel import Placement
+from ref_jax._schedules import (
+    PlateauState,
+    plateau_from_neutral,
+    plateau_init,
+    plateau_neutral,
+    plateau_step,
+)
 from ref_jax._train_step import TrainState
 from ref_jax._update import UpdateState
 from ref_jax._window import WindowLayout, rows_for
 from ref_jax.checkpoint import capture_rng, restore_rng
-from ref_jax.optimizers import build_optimizer, export_state, import_state
+from ref_jax.ema import EmaState, export_ema, import_ema, init_ema
+from ref_jax.optimizers import (
+    build_optimizer,
+    export_state,
+    import_state,
+    to_eval_point,
+    to_train_point,
+)
 from ref_jax.precision import (
     Policy,
     SkipState,
@@ -92,6 +109,33 @@ def schedule_tables(config: Config, updates_per_epoch: int, planned: int) -> dic
     return tables
 
 
+def plateau_start(config: Config, run: Run) -> PlateauState | None:
+    """reduce_on_plateau's state: fresh (every group at its base lr) or the checkpoint's; None for
+    other schedules. Float64 (x64), as torch keeps its lrs and best metric in Python floats."""
+    if config.schedule.name != "reduce_on_plateau":
+        return None
+    base = start_lrs(config.schedule, group_base_lrs(config.optimizer))
+    with jax.enable_x64(True):
+        if run.checkpoint is None:
+            return plateau_init(config.schedule, base)
+        found = run.checkpoint
+        return plateau_from_neutral(plateau.from_meta(found.state.meta or {}, len(base), str(found.path)))
+
+
+def plateau_observe(config: Config, state: PlateauState, metric: float) -> PlateauState:
+    """One evaluation's metric observed (ref_jax._schedules.plateau_step, in float64)."""
+    with jax.enable_x64(True):
+        return plateau_step(config.schedule, state, jnp.asarray(metric, jnp.float64))
+
+
+def plateau_tables(parts: Parts, state: PlateauState) -> dict[str, np.ndarray]:
+    """The schedule tables with every position at the plateau's current lrs (same shape and dtype as
+    parts.tables, so the compiled step is reused)."""
+    lr = parts.tables["lr"]
+    current = np.asarray(state.lrs, np.float64).astype(lr.dtype)
+    return {**parts.tables, "lr": np.ascontiguousarray(np.broadcast_to(current, lr.shape))}
+
+
 def _expected(params: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
     return {n: (tuple(p.shape), jnp.dtype(p.dtype).name) for n, p in params.items()}
 
@@ -113,6 +157,7 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
         meta = saved.meta or {}
         opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
                                                          "state": saved.optimizer or {}})
+        params = to_train_point(opt_state, params)  # the saved weights are a schedule-free optimizer's x
         if config.precision.dynamic_scaling:
             if not isinstance(meta.get("loss_scale"), dict):
                 raise CheckpointError(f"{found.path}: state.json has no loss_scale, but this run scales the loss "
@@ -128,6 +173,22 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
     update = UpdateState(params, opt_state, scale, skips, model_state or None)
     state = TrainState(update, jnp.asarray(position, jnp.int32))
     return place.put_replicated(state), place.put_replicated(key)
+
+
+def initial_ema(config: Config, params: dict[str, Any], run: Run, place: Placement) -> EmaState | None:
+    """The weights' EMA ([ema]): fresh, or the checkpoint's; None without an EMA."""
+    ema = init_ema(config.ema, params)
+    if ema is not None and run.checkpoint is not None:
+        ema = import_ema(ema, run.checkpoint.state.ema)
+    return None if ema is None else place.put_replicated(ema)
+
+
+def round_trip(state: TrainState) -> TrainState:
+    """The parameters after to_eval_point and back (what torch's in-place optimizer.eval() / train()
+    leave at every evaluation and checkpoint: a schedule-free y rounds there; others are unchanged)."""
+    opt_state = state.update.opt_state
+    params = to_train_point(opt_state, to_eval_point(opt_state, state.update.params))
+    return state._replace(update=state.update._replace(params=params))
 
 
 def params_numpy(state: TrainState) -> dict[str, np.ndarray]:
@@ -148,11 +209,18 @@ def versions(place: Placement) -> dict[str, Any]:
 
 
 def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: int,
-         val_loss: float | None) -> Path | None:
-    """Write the checkpoint after `updates_done` updates (see the module docstring)."""
+         val_loss: float | None, plateau_state: PlateauState | None = None,
+         ema: EmaState | None = None) -> Path | None:
+    """Write the checkpoint after `updates_done` updates (see the module docstring): the weights at
+    a schedule-free optimizer's evaluation point x, reduce_on_plateau's state in its neutral form
+    when the run has one, and the EMA ([ema])."""
     config = run.config
+    at_x = to_eval_point(state.update.opt_state, state.update.params)
+    state = state._replace(update=state.update._replace(params=at_x))
     exported = export_state(state.update.opt_state)
     scale = scale_state_to_dict(state.update.scale) if config.precision.dynamic_scaling else None
     rng, rng_meta = pack_rank_rng([capture_rng(key)])
-    meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta)
-    return records.save(run, updates_done, model_numpy(state), exported["state"], rng, meta, versions(place), val_loss)
+    neutral = None if plateau_state is None else plateau.to_json(plateau_neutral(plateau_state))
+    meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta, neutral)
+    return records.save(run, updates_done, model_numpy(state), exported["state"], rng, meta, versions(place), val_loss,
+                        ema=export_ema(ema))

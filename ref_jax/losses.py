@@ -5,6 +5,8 @@ Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked 
 sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
 targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
 accumulation and multi-rank training normalize exactly once, from these sums and counts.
+Per-sample weights s multiply ℓ_i (sum = Σ m_i s_i ℓ_i) and leave the count alone; a mask selects
+(a masked element adds exactly 0, even where ℓ_i is NaN or inf).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import optax
 
 from conformance.config.loss import LossSpec
-from conformance.rules.inputs import check_loss_inputs, is_index_target
+from conformance.rules.inputs import bool_mask, check_loss_inputs, is_index_target
 from ref_jax.backend import framework_dtype, to_numpy
 
 __all__ = ["LossOutput", "compute_loss", "elementwise", "loss_value_and_grad"]
@@ -52,7 +54,7 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
         safe = jnp.where(valid, target, 0)  # optax would read -100 out of range (NaN) or wrap -1
         wy = jnp.where(valid, wc[safe], 0).astype(z.dtype)
         if name == "nll":
-            ell = -wy * jnp.take_along_axis(z, safe[..., None], -1)[..., 0]
+            ell = jnp.where(valid, -wy * jnp.take_along_axis(z, safe[..., None], -1)[..., 0], 0)
         else:
             nll = optax.losses.softmax_cross_entropy_with_integer_labels(z, safe)
             eps = spec.label_smoothing
@@ -64,11 +66,16 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
         return ell, wy if weight is not None else valid.astype(z.dtype)
     y = target
     if name == "bce_with_logits":
-        if spec.pos_weight is None:
-            ell = optax.losses.sigmoid_binary_cross_entropy(x, y)
-        else:
-            pw = jnp.asarray(spec.pos_weight, x.dtype)
-            ell = -(pw * y * jax.nn.log_sigmoid(x) + (1 - y) * jax.nn.log_sigmoid(-x))
+        # torch's formula, not optax.sigmoid_binary_cross_entropy: optax has no pos_weight, and at a
+        # -inf logit torch's (1 − y)·x − log σ(x) is NaN where optax gives +inf (L-NEGINF)
+        coef = 1.0 if spec.pos_weight is None else 1 + (jnp.asarray(spec.pos_weight, x.dtype) - 1) * y
+        ell = (1 - y) * x - coef * jax.nn.log_sigmoid(x)
+        if weight is not None:
+            ell = ell * weight
+    elif name == "sigmoid_focal":
+        # torchvision's α = -1 ("no weighting") is optax's alpha = None
+        alpha = None if spec.alpha < 0 else spec.alpha
+        ell = optax.losses.sigmoid_focal_loss(x, y, alpha=alpha, gamma=spec.gamma)
         if weight is not None:
             ell = ell * weight
     elif name == "mse":
@@ -89,11 +96,14 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
 
 
 def compute_loss(
-    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None
+    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None,
+    sample_weight: Any = None,
 ) -> LossOutput:
     """Evaluate a loss on framework arrays (differentiable; no host checks: see check_loss_inputs).
 
-    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses."""
+    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses.
+    `mask` holds booleans or 0/1 numbers; `sample_weight` has the leading dimensions of the
+    per-element loss and multiplies it."""
     if prediction.dtype in (jnp.float16, jnp.bfloat16):
         prediction = prediction.astype(jnp.float32)
         target = target.astype(jnp.float32) if jnp.issubdtype(target.dtype, jnp.floating) else target
@@ -102,7 +112,11 @@ def compute_loss(
     elif weight is not None:
         weight = weight.astype(prediction.dtype)
     ell, count_w = elementwise(spec, prediction, target, weight)
+    if sample_weight is not None:
+        sw = sample_weight.astype(ell.dtype)
+        ell = ell * sw.reshape(sw.shape + (1,) * (ell.ndim - sw.ndim))
     if mask is not None:
+        mask = mask if mask.dtype == jnp.bool_ else mask != 0
         ell = jnp.where(mask, ell, 0)
         count_w = jnp.where(mask, count_w, 0)
     total = ell.sum()
@@ -123,13 +137,14 @@ def loss_value_and_grad(
     target: np.ndarray,
     weight: np.ndarray | None = None,
     mask: np.ndarray | None = None,
+    sample_weight: np.ndarray | None = None,
     dtype: str = "float64",
 ) -> dict[str, Any]:
     """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} as float64 NumPy.
 
     Inputs are checked on the host first (same InputError as every backend); `grad` is
     d(value)/d(prediction), or d(Σ value)/d(prediction) for reduction = "none"."""
-    check_loss_inputs(spec, prediction, target, weight, mask)
+    check_loss_inputs(spec, prediction, target, weight, mask, sample_weight)
     dt = framework_dtype(dtype)
     x = jnp.asarray(np.asarray(prediction, np.float64), dt)
     if is_index_target(spec, prediction, target):
@@ -137,10 +152,11 @@ def loss_value_and_grad(
     else:
         y = jnp.asarray(np.asarray(target, np.float64), dt)
     w = None if weight is None else jnp.asarray(np.asarray(weight, np.float64), dt)
-    m = None if mask is None else jnp.asarray(np.asarray(mask, bool))
+    m = None if mask is None else jnp.asarray(bool_mask(mask))
+    sw = None if sample_weight is None else jnp.asarray(np.asarray(sample_weight, np.float64), dt)
 
     def scalar(x: Any) -> tuple[Any, LossOutput]:
-        out = compute_loss(spec, x, y, w, m)
+        out = compute_loss(spec, x, y, w, m, sw)
         return out.value.sum(), out
 
     grad, out = jax.grad(scalar, has_aux=True)(x)

@@ -29,17 +29,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from conformance.config.optimizer import OptimizerSpec
+from conformance.config.ema import EmaSpec
+from conformance.config.optimizer import SCHEDULE_FREE, OptimizerSpec
 from conformance.errors import InputError
+from conformance.rules.ema import ema_due
 from conformance.rules.groups import ParamGroup
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_jax import _assembly, _elementwise
+from ref_jax import _assembly, _elementwise, _schedule_free
 from ref_jax.backend import framework_dtype, to_numpy
+from ref_jax.ema import export_ema, init_ema, update_ema
 
 __all__ = [
     "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
-    "set_group_hyperparams",
+    "set_group_hyperparams", "to_eval_point", "to_train_point",
 ]
 
 
@@ -116,6 +119,9 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
     entries = _entries(neutral)
     check_state(_groups(state), dict(zip(plan.names, plan.shapes)), entries)
     leaves = dict(_assembly.fresh_state(plan, state.hyperparams).leaves)
+    for name, leaf in state.leaves.items():  # fresh leaves of `state` (init from the parameters) stay
+        if name not in entries and not isinstance(leaf.step, jax.core.Tracer) and int(leaf.step) == 0:
+            leaves[name] = leaf
     for name, entry in entries.items():
         fresh = leaves[name]
         values = {}
@@ -138,6 +144,33 @@ def _entries(neutral: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     return neutral["state"]
 
 
+def _swap(state: Any, params: Any, train: bool) -> dict[str, Any]:
+    plan = state.plan
+    out = dict(params)
+    for name, gi in zip(plan.names, plan.group_index):
+        if plan.optimizers[gi] not in SCHEDULE_FREE:
+            continue
+        leaf, b = state.leaves[name], _schedule_free.beta(state.hyperparams[gi])
+        moved = (_schedule_free.train_point if train else _schedule_free.eval_point)(params[name], leaf, b)
+        out[name] = jnp.where(leaf.step > 0, moved.astype(params[name].dtype), params[name])
+    return out
+
+
+def to_eval_point(state: Any, params: Any) -> Any:
+    """The parameters to evaluate and save. Schedule-free optimizers: the average
+    x = lerp(y, z, 1 − 1/β) (schedulefree's optimizer.eval()); every other optimizer: the parameters
+    as they are. Torch: `state` is the optimizer, its parameters move in place (once: it remembers
+    being in eval mode) and `params` is returned; JAX: a new {name: array} dict from `params`."""
+    return _swap(state, params, train=False)
+
+
+def to_train_point(state: Any, params: Any) -> Any:
+    """The parameters to take gradients at: schedule-free optimizers' y = lerp(x, z, 1 − β)
+    (optimizer.train(); after to_eval_point it rounds, as the package's does); every other
+    optimizer: the parameters as they are. Torch: in place (once), returns `params`; JAX: a new dict."""
+    return _swap(state, params, train=True)
+
+
 @jax.jit
 def _step(params: Any, grads: Any, present: Any, state: Any) -> tuple[Any, Any]:
     updates, state = _assembly.apply(grads, state, params, present)
@@ -152,9 +185,11 @@ def run_trajectory(
     steps: int | None = None,
     dtype: str = "float64",
     state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    ema: EmaSpec | None = None,
 ) -> dict[str, Any]:
     """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
-    state after each update]}. Gradients are given per update (a parameter missing from an
+    state after each update], "ema": [the weights' EMA after each update, None before it starts]
+    (with `ema`, an [ema] spec)}. Gradients are given per update (a parameter missing from an
     update's table has no gradient there) or come from `objective` (quadratic) for `steps`
     updates; `state` is a neutral state ({param: {name: array}}) to start from."""
     n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
@@ -167,7 +202,8 @@ def run_trajectory(
     if objective is not None:
         center = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in objective["center"].items()}
         curvature = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in objective["curvature"].items()}
-    out_params, out_state = [], []
+    out_params, out_state, out_ema = [], [], []
+    average = init_ema(ema, p) if ema is not None else None
     for k in range(n):
         if grads is not None:
             g = {name: jnp.asarray(np.asarray(grads[k].get(name, np.zeros(np.shape(v))), np.float64), dt)
@@ -180,4 +216,7 @@ def run_trajectory(
         out_params.append({name: to_numpy(v) for name, v in p.items()})
         out_state.append({name: {key: np.asarray(a, np.float64) for key, a in e.items()}
                           for name, e in export_state(st)["state"].items()})
-    return {"params": out_params, "state": out_state}
+        if average is not None:
+            average = update_ema(ema, average, p, ema_due(ema, k))  # type: ignore[arg-type]
+            out_ema.append(export_ema(average))
+    return {"params": out_params, "state": out_state, "ema": out_ema}

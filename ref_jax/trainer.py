@@ -55,6 +55,11 @@ Contract shared by every backend's `train` (same signature and docstring):
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
+- `[schedule] name = "reduce_on_plateau"` observes `schedule.monitor` (val_loss, or val_accuracy)
+  after every evaluation, so updates after it apply the reduced lrs; a run that never evaluates is
+  refused (ConfigError naming run.eval_every or data.val_fraction); its state (best metric,
+  counters, every group's lr) is in every checkpoint, in the neutral form of
+  conformance.rules.plateau, so either trainer resumes it exactly.
 - Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
   NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
   resumed call returns only the updates after the checkpoint), the number of updates done, the
@@ -78,7 +83,8 @@ import numpy as np
 from conformance.config import Config, load_config
 from conformance.errors import UnsupportedError
 from conformance.events import Events, notify
-from conformance.rules.schedules import check_run_length
+from conformance.rules.ema import ema_due
+from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
 from conformance.run.objects import given_dataset, resolve_config
@@ -97,6 +103,8 @@ from ref_jax._parallel import placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import batch_fields, pad_rows
+from ref_jax.ema import update_ema
+from ref_jax.optimizers import to_eval_point
 from ref_jax.precision import numerics_context
 
 __all__ = ["train"]
@@ -129,8 +137,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
         try:
             return _loop(run, model, loss_fn)
         finally:
-            if run.metrics is not None:
-                run.metrics.close()
+            run.close()
 
 
 def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> TrainResult:
@@ -140,8 +147,12 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
     place = placement(config.run.device)
     parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned, model)
     state, key = ts.initial_state(parts, run, place)
+    average = ts.initial_ema(config, parts.params, run, place)
+    ema_step = jax.jit(lambda a, p, due: update_ema(config.ema, a, p, due), donate_argnums=(0,))
     step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place, loss_fn)
-    tables = place.put_replicated(parts.tables)
+    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
+    plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
+    tables = place.put_replicated(parts.tables if plateau is None else ts.plateau_tables(parts, plateau))
     evaluate = None
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
@@ -157,6 +168,8 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         window, arrays, data_s = prepared
         t0 = time.perf_counter()
         state, out = step(state, arrays, np.int32(t), tables, key)
+        if average is not None:  # on the device, after the step: due unless the update was skipped
+            average = ema_step(average, state.update.params, ema_due(config.ema, t) & ~out.info.skipped)
         notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
         prepared = _prepare(run, parts, place, t + 1, user) if t + 1 < run.planned else None
@@ -173,15 +186,26 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         val_loss = None
         if eval_due(run, t):
             evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place, loss_fn)
-            record = eval_record(t, _evaluate(run, parts, place, evaluate, state))
+            weights = _evaluation_params(config, state, average)
+            record = eval_record(t, _evaluate(run, parts, place, evaluate, weights, state.update.model_state))
+            state = ts.round_trip(state)
             val_loss = record["val_loss"]
             best = run.counters.best_val_loss
             if np.isfinite(val_loss) and (best is None or val_loss < best):
                 run.counters = run.counters._replace(best_val_loss=float(val_loss))
             if run.metrics is not None:
                 run.metrics.log_eval(record)
-        if checkpoint_due(run, t):
-            last = ts.save(run, place, state, key, t + 1, val_loss)
+            if plateau is not None:  # observed after update t: updates t + 1, ... apply its lrs
+                plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
+                tables = place.put_replicated(ts.plateau_tables(parts, plateau))
+        due = checkpoint_due(run, t)
+        if due:
+            last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
+            state = ts.round_trip(state)
+        if t + 1 < run.planned and run.stop_requested():  # SIGTERM / SIGINT: save the state after t, stop
+            if not due:
+                last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
+            raise run.preempted(t + 1, last)
     parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds the result
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
@@ -210,14 +234,20 @@ def _prepare(run: Run, parts: ts.Parts, place: Any, t: int, user_loss: bool) -> 
     return window, placed, time.perf_counter() - t0
 
 
-def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, state: Any) -> EvalTotals:
+def _evaluation_params(config: Config, state: Any, average: Any) -> Any:
+    """The EMA's weights with [ema] evaluate (once started), else a schedule-free optimizer's x."""
+    if config.ema.evaluate and average is not None and bool(average.started):
+        return {n: w.astype(state.update.params[n].dtype) for n, w in average.weights.items()}
+    return to_eval_point(state.update.opt_state, state.update.params)
+
+
+def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, params: Any, model_state: Any) -> EvalTotals:
     """Σ loss sums / Σ counts over every validation sample, and accuracy for classification."""
     total = EvalTotals()
     layout = parts.layout
     for batch in run.data.val_batches():
         arrays = pad_rows(batch_fields(batch), parts.eval_rows, layout.real_dtype)
-        sums = jax.device_get(evaluate(state.update.params, state.update.model_state,
-                                       place.put_batch(arrays, axis=0)))
+        sums = jax.device_get(evaluate(params, model_state, place.put_batch(arrays, axis=0)))
         total = add_eval(total, float(sums.loss_sum), float(sums.count), int(sums.correct), int(sums.predictions))
     return total
 

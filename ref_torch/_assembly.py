@@ -10,7 +10,7 @@ import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
 from conformance.rules.groups import ParamGroup
-from ref_torch import _elementwise, _muon
+from ref_torch import _elementwise, _muon, _schedule_free
 
 # torch state key -> neutral name, per optimizer
 STATE_NAMES: dict[str, dict[str, str]] = {
@@ -25,6 +25,9 @@ STATE_NAMES: dict[str, dict[str, str]] = {
     "lion": {"step": "step", "exp_avg": "m"},
     "adafactor": {"step": "step", "row_var": "row_var", "col_var": "col_var", "variance": "variance"},
     "muon": {"step": "step", "momentum_buffer": "momentum_buffer"},
+    "schedule_free_adamw": {"step": "step", "z": "z", "exp_avg_sq": "v", "weight_sum": "weight_sum",
+                            "lr_max": "lr_max"},
+    "schedule_free_sgd": {"step": "step", "z": "z", "weight_sum": "weight_sum", "lr_max": "lr_max"},
 }
 STATE_NAMES["adamw"] = STATE_NAMES["adam"]
 
@@ -62,29 +65,44 @@ def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[.
     """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
     if name == "lion":
         return _elementwise.Lion, set()
+    if name in _schedule_free.CLASSES:
+        return _schedule_free.CLASSES[name], set()
+    decoupled = any(g.get("decoupled_weight_decay") for g in groups)
     if name in ("adam", "adamw"):
-        if any(g["eps_root"] != 0 or (g["amsgrad"] and g["amsgrad_variant"] != "torch") for g in groups):
+        if any(g["eps_root"] != 0 or g["eps_hat"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
+               for g in groups):
             return _elementwise.AdamVariants, set()
-        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW), {"eps_root", "amsgrad_variant"}
+        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW), {"eps_root", "amsgrad_variant", "eps_hat"}
     if name == "rmsprop":
         if any(g["eps_in_sqrt"] for g in groups):
             return _elementwise.RMSpropEpsInSqrt, set()
-        return torch.optim.RMSprop, {"eps_in_sqrt"}
+        return (_elementwise.DecoupledRMSprop if decoupled else torch.optim.RMSprop), {"eps_in_sqrt"}
     if name == "adagrad":
         if any(g["eps_in_sqrt"] for g in groups):
             return _elementwise.AdagradEpsInSqrt, set()
-        return torch.optim.Adagrad, {"eps_in_sqrt"}
+        return (_elementwise.DecoupledAdagrad if decoupled else torch.optim.Adagrad), {"eps_in_sqrt"}
+    if name == "adamax":
+        if any(g["eps_hat"] for g in groups):
+            return _elementwise.AdamaxEpsHat, set()
+        return (_elementwise.DecoupledAdamax if decoupled else torch.optim.Adamax), {"eps_hat"}
+    if name == "nadam":
+        if any(g["eps_hat"] for g in groups):
+            return _elementwise.NAdamEpsHat, set()
+        return torch.optim.NAdam, {"eps_hat"}
+    if name == "sgd" and decoupled:
+        return _elementwise.DecoupledSGD, set()
     if name == "muon":
         if any(g["ns_dtype"] != torch.bfloat16 for g in groups):
             return _muon.FloatMuon, set()
         return torch.optim.Muon, {"ns_dtype"}
-    classes = {"sgd": torch.optim.SGD, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam,
-               "radam": torch.optim.RAdam, "adafactor": torch.optim.Adafactor}
+    classes = {"sgd": torch.optim.SGD, "radam": torch.optim.RAdam, "adafactor": torch.optim.Adafactor}
     return classes[name], set()
 
 
 def kernel_options(name: str, cls: Any, params: list[torch.Tensor], impl: str) -> dict[str, Any]:
     """foreach/fused flags: "auto" is fused (else foreach) on CUDA and torch's default elsewhere."""
+    if issubclass(cls, _elementwise.DecoupledDecay):
+        cls = cls.__mro__[2]  # the torch.optim class behind the decoupled decay
     if cls not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop,
                    torch.optim.Adagrad, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
                    torch.optim.Adafactor):

@@ -1,10 +1,14 @@
 """torch.optim.lr_scheduler objects for a ScheduleSpec (torch only; the JAX twin builds optax schedules).
 
 Each schedule is the torch class of the same meaning (StepLR, CosineAnnealingLR, OneCycleLR,
-SequentialLR, ...). LambdaLR appears only where torch has no class: inverse_sqrt's decay, wsd's
-decay, a warm-up that starts at 0 (LinearLR needs start_factor > 0) and warmup_cosine's hold at
-eta_min after total_steps (convention "optax"). `unit = "epoch"` wraps the scheduler in
-`PerEpochLR`, which steps it once every `updates_per_epoch` updates.
+SequentialLR, ChainedScheduler, CyclicLR, ReduceLROnPlateau, ...). LambdaLR appears only where
+torch has no class: inverse_sqrt's decay, wsd's decay, a warm-up that starts at 0 or above the
+peak (LinearLR needs 0 < start_factor <= 1), warmup_cosine's hold at eta_min after total_steps
+(convention "optax"), optax's end values (polynomial, exponential, step with end_factor) and
+Keras's restart multiplier (cosine_restarts with m_mul != 1). `unit = "epoch"` wraps the
+scheduler in `PerEpochLR`, which steps it once every `updates_per_epoch` updates.
+reduce_on_plateau is `MetricPlateau`: stepped after every update like the others (a no-op), and
+with the observed metric by whoever observes it (`MetricPlateau.step(metric)`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch.optim import lr_scheduler as sched
 
 from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError, InputError
+from conformance.rules.plateau import Plateau
 from conformance.rules.schedules import start_lrs
 
 # Keys a previous scheduler leaves in param groups; a rebuilt scheduler must not inherit them.
@@ -61,11 +66,43 @@ class PerEpochLR(sched.LRScheduler):
         self.__dict__.update(state)
 
 
+class MetricPlateau(sched.ReduceLROnPlateau):
+    """torch's ReduceLROnPlateau that the update loop may step like any scheduler: `step()` without
+    a metric (after every update) changes nothing; `step(metric)` is ReduceLROnPlateau's step."""
+
+    def step(self, metrics: float | None = None, epoch: int | None = None) -> None:  # type: ignore[override]
+        if metrics is not None:
+            super().step(metrics)
+
+
+def plateau_state(scheduler: MetricPlateau) -> Plateau:
+    """The neutral state (conformance.rules.plateau) of a MetricPlateau and its optimizer's lrs."""
+    lrs = tuple(float(g["lr"]) for g in scheduler.optimizer.param_groups)
+    return Plateau(float(scheduler.best), int(scheduler.num_bad_epochs), int(scheduler.cooldown_counter),
+                   int(scheduler.last_epoch), lrs)
+
+
+def load_plateau(scheduler: MetricPlateau, state: Plateau) -> None:
+    """Put a neutral plateau state into the scheduler and its optimizer's groups."""
+    scheduler.best, scheduler.num_bad_epochs = state.best, state.num_bad_epochs
+    scheduler.cooldown_counter, scheduler.last_epoch = state.cooldown_counter, state.observed
+    for group, lr in zip(scheduler.optimizer.param_groups, state.lrs, strict=True):
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+    scheduler._last_lr = [float(x) for x in state.lrs]
+
+
+def _factor(optimizer: Optimizer, value: Callable[[int], float]) -> sched.LambdaLR:
+    return sched.LambdaLR(optimizer, value)  # a factor of every group's base lr, where torch has no class
+
+
 def _warmup(optimizer: Optimizer, spec: ScheduleSpec) -> sched.LRScheduler:
     w, sf = spec.warmup_steps, spec.start_factor
-    if sf > 0:
+    if 0 < sf <= 1:
         return sched.LinearLR(optimizer, start_factor=sf, end_factor=1.0, total_iters=w)
-    return sched.LambdaLR(optimizer, lambda s: s / w)  # LinearLR cannot start at 0
+    return _factor(optimizer, lambda s: sf + (1.0 - sf) * s / w)  # LinearLR: 0 < start_factor <= 1
 
 
 def _ratio(value: Callable[[int], float], base: float) -> Callable[[int], float]:
@@ -120,10 +157,26 @@ def _wsd_decay(spec: ScheduleSpec, base: float) -> Callable[[int], float]:
     return value
 
 
+def _restart_value(spec: ScheduleSpec, base: float) -> Callable[[int], float]:
+    t0, mult, eta, m = spec.t_0, spec.t_mult, spec.eta_min, spec.m_mul
+
+    def value(s: int) -> float:
+        i, start, length = (s // t0, s - s % t0, t0) if mult == 1 else (0, 0, t0)  # exact integer cycles
+        while s >= start + length:
+            start, length, i = start + length, length * mult, i + 1
+        return eta + (base - eta) * m ** i * (1 + math.cos(math.pi * (s - start) / length)) / 2
+
+    return value
+
+
 def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.LRScheduler:
     name = spec.name
     if name == "constant":
         return sched.ConstantLR(optimizer, factor=spec.factor or 1.0, total_iters=spec.total_iters or 1)
+    if name in ("step", "exponential") and spec.end_factor is not None:
+        k = spec.step_size if name == "step" else 1
+        bound = max if spec.gamma < 1 else min  # optax's end_value: a floor, or a ceiling for gamma > 1
+        return _factor(optimizer, lambda s: bound(spec.gamma ** (s // k), spec.end_factor))
     if name == "step":
         return sched.StepLR(optimizer, step_size=spec.step_size, gamma=spec.gamma)
     if name == "multistep":
@@ -133,10 +186,15 @@ def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.
     if name == "cosine":
         return sched.CosineAnnealingLR(optimizer, T_max=spec.t_max, eta_min=spec.eta_min)
     if name == "linear":
-        return sched.LinearLR(optimizer, start_factor=spec.start_factor, end_factor=spec.end_factor,
-                              total_iters=spec.total_iters)
+        n, sf, ef = spec.total_iters, spec.start_factor, spec.end_factor
+        if sf > 1 or ef > 1:  # optax's linear_schedule may start or end above the base lr; LinearLR may not
+            return _factor(optimizer, lambda s: sf + (ef - sf) * min(s, n) / n)
+        return sched.LinearLR(optimizer, start_factor=sf, end_factor=ef, total_iters=n)
     if name == "polynomial":
-        return sched.PolynomialLR(optimizer, total_iters=spec.total_iters, power=spec.power)
+        n, ef, p = spec.total_iters, spec.end_factor, spec.power
+        if ef:  # optax's polynomial_schedule(end_value); PolynomialLR decays to 0
+            return _factor(optimizer, lambda s: ef + (1.0 - ef) * (1.0 - min(s, n) / n) ** p)
+        return sched.PolynomialLR(optimizer, total_iters=n, power=p)
     if name == "onecycle":
         return sched.OneCycleLR(
             optimizer, max_lr=list(base), total_steps=spec.total_steps, pct_start=float(spec.pct_start),
@@ -144,8 +202,22 @@ def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.
             base_momentum=spec.base_momentum, max_momentum=spec.max_momentum,
             div_factor=spec.div_factor, final_div_factor=spec.final_div_factor, three_phase=spec.three_phase,
         )
+    if name == "cosine_restarts" and spec.m_mul != 1:  # Keras's CosineDecayRestarts(m_mul)
+        return sched.LambdaLR(optimizer, [_ratio(_restart_value(spec, b), b) for b in base])
     if name == "cosine_restarts":
         return sched.CosineAnnealingWarmRestarts(optimizer, T_0=spec.t_0, T_mult=spec.t_mult, eta_min=spec.eta_min)
+    if name == "chained":
+        return sched.ChainedScheduler([_make(p, optimizer, base) for p in spec.schedulers], optimizer)
+    if name == "cyclic":
+        return sched.CyclicLR(
+            optimizer, base_lr=list(base), max_lr=spec.max_lr, step_size_up=spec.step_size_up,
+            step_size_down=spec.step_size_down, mode=spec.mode, gamma=spec.gamma, scale_mode=spec.scale_mode,
+            cycle_momentum=spec.cycle_momentum, base_momentum=spec.base_momentum, max_momentum=spec.max_momentum,
+        )
+    if name == "reduce_on_plateau":
+        return MetricPlateau(optimizer, mode=spec.mode, factor=spec.factor, patience=spec.patience,
+                             threshold=spec.threshold, threshold_mode=spec.threshold_mode, cooldown=spec.cooldown,
+                             min_lr=spec.min_lr, eps=spec.eps)
     if name in ("warmup_cosine", "inverse_sqrt", "wsd", "sequential"):
         return _in_sequence(optimizer, _segments(spec, optimizer, base))
     raise ConfigError(f"schedule.name {name!r} has no torch scheduler")

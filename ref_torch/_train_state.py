@@ -1,9 +1,12 @@
 """The torch trainer's checkpoint content: capture and restore every piece of a run's state.
 
 Saved (docs/contract.md §5, reliability.md §3.4's checklist): the model's tensors by neutral name
-(parameters, frozen parameters and persistent buffers: ref_torch._model.Tensors); optimizer state in the
+(parameters, frozen parameters and persistent buffers: ref_torch._model.Tensors; the parameters at a
+schedule-free optimizer's evaluation point x, as its package documents); the weights' EMA ([ema]);
+optimizer state in the
 neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
-(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t)); the
+(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t); a
+reduce_on_plateau scheduler gets its neutral state back with restore_plateau); the
 loss-scale state; the skip counters (in the counters); every rank's RNG (torch CPU and CUDA,
 Python, NumPy) as `rank<i>/...`; the data position (the update count, checked against the data).
 """
@@ -20,31 +23,51 @@ import torch
 from conformance.checkpoint import Checkpoint, check_tensors
 from conformance.checkpoint.rng import capture_host_rng, pack_rank_rng, unpack_rank_rng
 from conformance.errors import CheckpointError
+from conformance.rules import plateau
 from conformance.run import records
 from conformance.run.session import Run
 from ref_torch import _fsdp
 from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
+from ref_torch._schedules import MetricPlateau, load_plateau
 from ref_torch.backend import describe
 from ref_torch.checkpoint import _to_numpy, restore_rng
-from ref_torch.optimizers import export_state, import_state
+from ref_torch.ema import export_ema, import_ema
+from ref_torch.optimizers import (
+    export_state,
+    import_state,
+    to_eval_point,
+    to_train_point,
+)
 from ref_torch.precision import LossScaler, SkipState
 
 
 class Objects(NamedTuple):
     """The framework objects a checkpoint fills: the bare module (not a DDP wrapper), the optimizer,
-    the loss scaler and the module's tensors by neutral name."""
+    the loss scaler, the module's tensors by neutral name and the weights' EMA
+    (ref_torch.ema.EmaState, None without [ema])."""
 
     model: Any
     optimizer: Any
     scaler: LossScaler
     tensors: Tensors
+    ema: Any = None
 
 
 def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.device,
-                    val_loss: float | None = None) -> Path | None:
-    """Save the state after `updates_done` updates. Collective: every rank calls it (RNG gather);
-    rank 0 writes."""
+                    val_loss: float | None = None, plateau: dict[str, Any] | None = None) -> Path | None:
+    """Save the state after `updates_done` updates (`plateau`: reduce_on_plateau's neutral state).
+    Collective: every rank calls it (RNG gather); rank 0 writes. A schedule-free optimizer's
+    parameters are saved at x and moved back after."""
+    to_eval_point(objs.optimizer, None)
+    try:
+        return _save(run, updates_done, objs, device, val_loss, plateau)
+    finally:
+        to_train_point(objs.optimizer, None)
+
+
+def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_loss: float | None,
+          plateau: dict[str, Any] | None) -> Path | None:
     rng, rng_meta = capture_rng(device)
     per_rank = ddp.gather_rng(rng, rng_meta, run.world_size, device)
     sharded = _fsdp.is_sharded(objs.model)
@@ -56,9 +79,9 @@ def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.de
     tensors, meta_rng = pack_rank_rng(per_rank)
     opt = opt if opt is not None else export_state(objs.optimizer)
     scale = objs.scaler.state_dict() if objs.scaler.enabled else None
-    meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng)
+    meta = records.checkpoint_meta(run, updates_done, opt["step"], scale, meta_rng, plateau)
     return records.save(run, updates_done, weights, opt["state"], tensors, meta, versions=_versions(),
-                        val_loss=val_loss)
+                        val_loss=val_loss, ema=export_ema(objs.ema))
 
 
 def whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -100,9 +123,13 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     state, meta = checkpoint.state, checkpoint.state.meta or {}
     where = checkpoint.path
     sharded = _fsdp.is_sharded(objs.model)
+    to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
     load_tensors(objs.tensors.all(), state.model)
     neutral = {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}}
     (_fsdp.import_optimizer if sharded else import_state)(objs.optimizer, neutral)
+    to_train_point(objs.optimizer, None)
+    if objs.ema is not None:
+        import_ema(objs.ema, state.ema)
     if objs.scaler.enabled:
         saved = meta.get("loss_scale")
         if not isinstance(saved, dict):
@@ -114,6 +141,12 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     if mine is not None:
         restore_rng(*mine)
     return skips
+
+
+def restore_plateau(checkpoint: Checkpoint, scheduler: MetricPlateau) -> None:
+    """Put the checkpoint's reduce_on_plateau state (conformance.rules.plateau) into the scheduler."""
+    groups = len(scheduler.optimizer.param_groups)
+    load_plateau(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
 
 
 def final_params(objs: Objects) -> dict[str, np.ndarray]:

@@ -5,6 +5,8 @@ Every loss is an element-wise loss ℓ_i with a count weight c_i; over unmasked 
 sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for weighted class
 targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
 accumulation and multi-rank training normalize exactly once, from these sums and counts.
+Per-sample weights s multiply ℓ_i (sum = Σ m_i s_i ℓ_i) and leave the count alone; a mask selects
+(a masked element adds exactly 0, even where ℓ_i is NaN or inf).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from conformance.config.loss import LossSpec
-from conformance.rules.inputs import check_loss_inputs, is_index_target
+from conformance.rules.inputs import bool_mask, check_loss_inputs, is_index_target
 from ref_torch.backend import framework_dtype, to_numpy
 
 __all__ = ["LossOutput", "compute_loss", "elementwise", "loss_value_and_grad"]
@@ -61,6 +63,10 @@ def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = Non
                                                                 device=prediction.device)
         ell = F.binary_cross_entropy_with_logits(prediction, target, weight=weight, pos_weight=pos,
                                                  reduction="none")
+    elif name == "sigmoid_focal":
+        ell = _sigmoid_focal(spec, prediction, target)
+        if weight is not None:
+            ell = ell * weight
     elif name == "mse":
         ell = F.mse_loss(prediction, target, reduction="none")
     elif name == "l1":
@@ -74,12 +80,26 @@ def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = Non
     return ell, None, None
 
 
+def _sigmoid_focal(spec: LossSpec, x: Any, y: Any) -> Any:
+    # torchvision.ops.sigmoid_focal_loss's formula (torchvision is not a dependency)
+    p = torch.sigmoid(x)
+    ell = F.binary_cross_entropy_with_logits(x, y, reduction="none")
+    p_t = p * y + (1 - p) * (1 - y)
+    ell = ell * ((1 - p_t) ** spec.gamma)
+    if spec.alpha >= 0:
+        ell = (spec.alpha * y + (1 - spec.alpha) * (1 - y)) * ell
+    return ell
+
+
 def compute_loss(
-    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None
+    spec: LossSpec, prediction: Any, target: Any, weight: Any = None, mask: Any = None,
+    sample_weight: Any = None,
 ) -> LossOutput:
     """Evaluate a loss on framework arrays (differentiable; no host checks: see check_loss_inputs).
 
-    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses."""
+    Half-precision predictions are upcast to float32 first, as torch.autocast does for losses.
+    `mask` holds booleans or 0/1 numbers; `sample_weight` has the leading dimensions of the
+    per-element loss and multiplies it."""
     if prediction.dtype in (torch.float16, torch.bfloat16):
         prediction = prediction.float()
         target = target.float() if target.is_floating_point() else target
@@ -87,13 +107,16 @@ def compute_loss(
         weight = torch.tensor(spec.weight, dtype=prediction.dtype, device=prediction.device)
     elif weight is not None:
         weight = weight.to(prediction.dtype)
+    ell, count_w, valid = _elementwise(spec, prediction, target, weight)
+    if sample_weight is not None:
+        sw = sample_weight.to(ell.dtype)
+        ell = ell * sw.reshape(sw.shape + (1,) * (ell.ndim - sw.ndim))
     if mask is not None:
-        ell, count_w = elementwise(spec, prediction, target, weight)
+        mask = mask if mask.dtype == torch.bool else mask != 0
+        if count_w is None:
+            count_w = valid.to(ell.dtype) if valid is not None else torch.ones_like(ell)
         ell = torch.where(mask, ell, torch.zeros((), dtype=ell.dtype, device=ell.device))
         count_w = torch.where(mask, count_w, torch.zeros((), dtype=ell.dtype, device=ell.device))
-        valid = None
-    else:
-        ell, count_w, valid = _elementwise(spec, prediction, target, weight)
     total = ell.sum()
     if spec.reduction == "batchmean":
         count = torch.tensor(float(prediction.shape[0]) if prediction.ndim else 1.0,
@@ -117,13 +140,14 @@ def loss_value_and_grad(
     target: np.ndarray,
     weight: np.ndarray | None = None,
     mask: np.ndarray | None = None,
+    sample_weight: np.ndarray | None = None,
     dtype: str = "float64",
 ) -> dict[str, Any]:
     """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} as float64 NumPy.
 
     Inputs are checked on the host first (same InputError as every backend); `grad` is
     d(value)/d(prediction), or d(Σ value)/d(prediction) for reduction = "none"."""
-    check_loss_inputs(spec, prediction, target, weight, mask)
+    check_loss_inputs(spec, prediction, target, weight, mask, sample_weight)
     dt = framework_dtype(dtype)
     x = torch.tensor(np.asarray(prediction, np.float64), dtype=dt, requires_grad=True)
     if is_index_target(spec, prediction, target):
@@ -131,8 +155,9 @@ def loss_value_and_grad(
     else:
         y = torch.tensor(np.asarray(target, np.float64), dtype=dt)
     w = None if weight is None else torch.tensor(np.asarray(weight, np.float64), dtype=dt)
-    m = None if mask is None else torch.tensor(np.asarray(mask, bool))
-    out = compute_loss(spec, x, y, w, m)
+    m = None if mask is None else torch.tensor(bool_mask(mask))
+    sw = None if sample_weight is None else torch.tensor(np.asarray(sample_weight, np.float64), dtype=dt)
+    out = compute_loss(spec, x, y, w, m, sw)
     out.value.sum().backward()
     return {
         "value": to_numpy(out.value),

@@ -28,17 +28,20 @@ import numpy as np
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
+from conformance.config.ema import EmaSpec
 from conformance.config.optimizer import OptimizerSpec
 from conformance.errors import ConfigError, InputError
+from conformance.rules.ema import ema_due
 from conformance.rules.groups import ParamGroup, resolve_groups
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_torch import _assembly, _muon
+from ref_torch import _assembly, _muon, _schedule_free
 from ref_torch.backend import framework_dtype, to_numpy
+from ref_torch.ema import export_ema, init_ema, update_ema
 
 __all__ = [
     "build_optimizer", "export_state", "group_hyperparams", "import_state", "run_trajectory",
-    "set_group_hyperparams",
+    "set_group_hyperparams", "to_eval_point", "to_train_point",
 ]
 
 
@@ -204,7 +207,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
                     device = p.device if (fused or capturable) else None
                     new["step"] = torch.tensor(float(np.asarray(value)), dtype=_get_scalar_dtype(is_fused=fused),
                                                device=device)
-                elif key == "mu_product":
+                elif key in ("mu_product", "weight_sum", "lr_max"):  # 0-d: float64 for float64 parameters
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
                     new[key] = torch.tensor(float(np.asarray(value)), dtype=dtype,
                                             device=p.device if capturable else None)
@@ -212,6 +215,25 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
                     new[to_torch[key]] = _tensor(value, p)
             state.state[p] = new
     return state
+
+
+def to_eval_point(state: Any, params: Any) -> Any:
+    """The parameters to evaluate and save. Schedule-free optimizers: the average
+    x = lerp(y, z, 1 − 1/β) (schedulefree's optimizer.eval()); every other optimizer: the parameters
+    as they are. Torch: `state` is the optimizer, its parameters move in place (once: it remembers
+    being in eval mode) and `params` is returned; JAX: a new {name: array} dict from `params`."""
+    if isinstance(state, _schedule_free.ScheduleFree):
+        state.eval()
+    return params
+
+
+def to_train_point(state: Any, params: Any) -> Any:
+    """The parameters to take gradients at: schedule-free optimizers' y = lerp(x, z, 1 − β)
+    (optimizer.train(); after to_eval_point it rounds, as the package's does); every other
+    optimizer: the parameters as they are. Torch: in place (once), returns `params`; JAX: a new dict."""
+    if isinstance(state, _schedule_free.ScheduleFree):
+        state.train()
+    return params
 
 
 def run_trajectory(
@@ -222,9 +244,11 @@ def run_trajectory(
     steps: int | None = None,
     dtype: str = "float64",
     state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    ema: EmaSpec | None = None,
 ) -> dict[str, Any]:
     """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
-    state after each update]}. Gradients are given per update (a parameter missing from an
+    state after each update], "ema": [the weights' EMA after each update, None before it starts]
+    (with `ema`, an [ema] spec)}. Gradients are given per update (a parameter missing from an
     update's table has no gradient there) or come from `objective` (quadratic) for `steps`
     updates; `state` is a neutral state ({param: {name: array}}) to start from."""
     n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
@@ -236,7 +260,8 @@ def run_trajectory(
     if objective is not None:
         target = {part: {k: torch.tensor(np.asarray(v, np.float64), dtype=dt) for k, v in objective[part].items()}
                   for part in ("center", "curvature")}
-    out_params, out_state = [], []
+    out_params, out_state, out_ema = [], [], []
+    average = init_ema(ema, named) if ema is not None else None
     for k in range(n):
         if grads is not None:
             for name, p in named.items():
@@ -250,4 +275,7 @@ def run_trajectory(
         out_params.append({name: to_numpy(p).copy() for name, p in named.items()})  # numpy shares memory
         out_state.append({name: {key: np.asarray(a, np.float64) for key, a in e.items()}
                           for name, e in export_state(opt)["state"].items()})
-    return {"params": out_params, "state": out_state}
+        if average is not None:
+            average = update_ema(ema, average, named, ema_due(ema, k))  # type: ignore[arg-type]
+            out_ema.append(export_ema(average))
+    return {"params": out_params, "state": out_state, "ema": out_ema}

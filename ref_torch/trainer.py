@@ -55,6 +55,11 @@ Contract shared by every backend's `train` (same signature and docstring):
   window loss is +inf and the gradients non-finite, as in a float16 overflow: the update is skipped
   under on_nonfinite = "skip" (the loss scale backs off under dynamic scaling) and stops the run
   with NonFiniteError under on_nonfinite = "raise" or beyond max_consecutive_skips.
+- `[schedule] name = "reduce_on_plateau"` observes `schedule.monitor` (val_loss, or val_accuracy)
+  after every evaluation, so updates after it apply the reduced lrs; a run that never evaluates is
+  refused (ConfigError naming run.eval_every or data.val_fraction); its state (best metric,
+  counters, every group's lr) is in every checkpoint, in the neutral form of
+  conformance.rules.plateau, so either trainer resumes it exactly.
 - Returns TrainResult(params, losses, updates_done, out_dir, checkpoint): the final parameters as
   NumPy arrays in their own dtype by neutral name, the loss of every update this call ran (so a
   resumed call returns only the updates after the checkpoint), the number of updates done, the
@@ -64,17 +69,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from conformance.config import Config, load_config
-from conformance.errors import TwinstepError
+from conformance.errors import TwinstepError, UnsupportedError
 from conformance.events import Events, notify
+from conformance.rules import plateau
+from conformance.rules.ema import ema_due
 from conformance.rules.inputs import INDEX_LOSSES
-from conformance.rules.schedules import check_run_length, check_schedule
+from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
 from conformance.run.objects import given_dataset, resolve_config
@@ -90,11 +98,12 @@ from conformance.run.throughput import throughput_extras
 from ref_torch import _fsdp, _model, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
-from ref_torch._schedules import build_scheduler
+from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_state
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
+from ref_torch.ema import init_ema, update_ema
 from ref_torch.losses import LossOutput
-from ref_torch.optimizers import build_optimizer
+from ref_torch.optimizers import build_optimizer, to_eval_point, to_train_point
 from ref_torch.precision import LossScaler, init_skip_state, numerics_context
 
 __all__ = ["train"]
@@ -159,8 +168,7 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
     try:
         return _loop(config, run, device, progress, given)
     finally:
-        if run.metrics is not None:
-            run.metrics.close()
+        run.close()
 
 
 def _loop(config: Config, run: Run, device: torch.device, progress: str, given: _Given) -> TrainResult:
@@ -174,9 +182,14 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     tensors = _model.named(model, config.model.rename)
     params = tensors.params
     optimizer = build_optimizer(config.optimizer, params.items())
-    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), tensors)
+    if config.ema.enabled and _fsdp.is_sharded(model):
+        raise UnsupportedError("[ema] with run.parallel = 'fsdp' is not supported yet (the EMA of sharded "
+                               "parameters); use 'ddp'")
+    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), tensors,
+                                init_ema(config.ema, params))
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
+    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
     for note in check_run_length(config.schedule, run.planned, per_epoch):
         _note(run, note, progress)
     scheduler = build_scheduler(config.schedule, optimizer, per_epoch, start=run.counters.schedule_t)
@@ -184,6 +197,8 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     skips = init_skip_state()
     if run.checkpoint is not None:
         skips = _train_state.restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
+        if isinstance(scheduler, MetricPlateau):
+            _train_state.restore_plateau(run.checkpoint, scheduler)
     model.train()
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     hooks = ddp.update_hooks(wrapped, run.world_size, device)
@@ -199,6 +214,8 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
         loss_fn = _loss_fn(config, forward, run, injected(config, t), t, given.loss_fn, device)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
+        if objs.ema is not None and not info.skipped:
+            update_ema(config.ema, objs.ema, params, ema_due(config.ema, t))
         t2 = time.perf_counter()
         run.counters = advance(run.counters, info.skipped, info.schedule_advanced)
         losses.append(info.loss)
@@ -207,9 +224,18 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
                      **throughput_extras(config, run, window, t2 - t0, name)}
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
-        val_loss = _maybe_evaluate(config, run, model, device, pdtype, t, given.loss_fn)
-        if checkpoint_due(run, t):
-            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss=val_loss)
+        record = _maybe_evaluate(config, run, objs, device, pdtype, t, given.loss_fn)
+        observing = isinstance(scheduler, MetricPlateau)
+        if observing and record is not None:
+            scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
+        val_loss = None if record is None else record["val_loss"]
+        due = checkpoint_due(run, t)
+        stop = t + 1 < run.planned and run.stop_requested(lambda asked: not ddp.agree(not asked, run.world_size))
+        if due or stop:  # SIGTERM / SIGINT (on any rank): save the state after this update and stop
+            state = plateau.to_json(plateau_state(scheduler)) if observing else None
+            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
+        if stop:
+            raise run.preempted(t + 1, last)
     return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir, last)
 
 
@@ -265,18 +291,44 @@ def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
     return loss_fn
 
 
-def _maybe_evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,
-                    t: int, user: Callable[[Any, Any], Any] | None) -> float | None:
+def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
+                    t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any] | None:
     if not eval_due(run, t):
         return None
-    record = eval_record(t, _evaluate(config, run, model, device, dtype, user))
+    with _evaluation_weights(config, objs):
+        record = eval_record(t, _evaluate(config, run, objs.model, device, dtype, user))
     val = record["val_loss"]
     best = run.counters.best_val_loss
     if math.isfinite(val) and (best is None or val < best):
         run.counters = run.counters._replace(best_val_loss=val)
     if run.metrics is not None:
         run.metrics.log_eval(record)
-    return val
+    return record
+
+
+@contextmanager
+def _evaluation_weights(config: Config, objs: Any) -> Iterator[None]:
+    """The weights an evaluation sees: the EMA's with [ema] evaluate (once it has started), else a
+    schedule-free optimizer's x (to_eval_point); the training weights come back after."""
+    params = objs.tensors.params
+    use_ema = config.ema.evaluate and objs.ema is not None and bool(objs.ema.started)
+    if not use_ema:
+        to_eval_point(objs.optimizer, params)
+        try:
+            yield
+        finally:
+            to_train_point(objs.optimizer, params)
+        return
+    with torch.no_grad():
+        kept = {n: p.detach().clone() for n, p in params.items()}
+        for n, p in params.items():
+            p.copy_(objs.ema.weights[n])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(kept[n])
 
 
 def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype: torch.dtype,

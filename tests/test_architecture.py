@@ -20,11 +20,11 @@ from typing import NamedTuple
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("conformance", "ref_torch", "ref_jax")
-SOURCE_DIRS = ("conformance", "ref_torch", "ref_jax", "tests", "tools", "bench")
+PACKAGES = ("conformance", "ref_torch", "ref_jax", "natives")
+SOURCE_DIRS = ("conformance", "ref_torch", "ref_jax", "natives", "tests", "tools", "bench")
 MAX_LINES = 400
 
-FRAMEWORKS = ("torch", "jax", "jaxlib", "optax", "flax")
+FRAMEWORKS = ("torch", "jax", "jaxlib", "optax", "flax", "keras")
 # conformance's framework-free rooms (conformance.run.metrics writes TensorBoard with the
 # `tensorboard` package itself, which is not a framework).
 NEUTRAL = (
@@ -136,6 +136,35 @@ RULES = [
     Rule("rules import no oracle, twin or harness", ("conformance.rules",),
          lambda t: within(t, ("conformance.oracle", "conformance.harness", "ref_torch", "ref_jax"))),
 ]
+# The native backends (natives/) run the frameworks' own built-ins: from conformance they may use the spec,
+# the errors and only these host-side input checks and group resolution of conformance.rules, never
+# twinstep's mathematics (the twins, the oracle, the port snippets, the harness).
+NATIVE_RULES = ("conformance.rules.inputs.check_loss_inputs", "conformance.rules.groups.resolve_groups",
+                "conformance.rules.groups.group_base_lrs", "conformance.rules.groups.ParamGroup",
+                "conformance.rules.trajectory.check_trajectory_inputs", "conformance.rules.state.check_state",
+                "conformance.rules.schedules.check_schedule", "conformance.rules.windows.prepare_windows",
+                "conformance.rules.loss_scale.require_dynamic_scaling")
+NATIVE_RULE_MODULES = tuple(dict.fromkeys(n.rsplit(".", 1)[0] for n in NATIVE_RULES))
+
+
+def _native_rules_forbid(t: str) -> bool:
+    return within(t, ("conformance.rules",)) and t not in NATIVE_RULES and t not in NATIVE_RULE_MODULES
+
+
+RULES += [
+    Rule("natives use no twin, oracle, port, harness or run code", ("natives",),
+         lambda t: within(t, ("ref_torch", "ref_jax", "conformance.oracle", "conformance.port", "conformance.harness",
+                              "conformance.cli", "conformance.run", "conformance.data", "conformance.checkpoint"))),
+    Rule("natives use only input checks and group resolution from conformance.rules", ("natives",),
+         _native_rules_forbid),
+    Rule("torch-native imports no JAX or Keras", ("natives.torch_native",),
+         lambda t: within(t, ("jax", "jaxlib", "optax", "flax", "keras"))),
+    Rule("optax-native imports no torch or Keras", ("natives.optax_native",), lambda t: within(t, ("torch", "keras"))),
+    Rule("the keras backend imports no torch or optax", ("natives.keras_backend",),
+         lambda t: within(t, ("torch", "optax", "flax"))),
+    Rule("natives' shared protocol imports no framework", ("natives._protocol",), lambda t: within(t, FRAMEWORKS)),
+    Rule("conformance imports no native backend", ("conformance",), lambda t: within(t, ("natives",))),
+]
 RULE = {rule.name: rule for rule in RULES}
 KNOWN = [(rule, pair) for rule in RULES for pair in rule.known]
 
@@ -232,6 +261,16 @@ BREAKS = {
         "conformance/oracle/bad.py", "from ..harness import compare\nimport scipy.special\n"),
     "rules import no oracle, twin or harness": (
         "conformance/rules/bad.py", "from ..oracle.losses import elementwise\n"),
+    "natives use no twin, oracle, port, harness or run code": (
+        "natives/optax_native/bad.py", "def f():\n    from conformance.oracle.optimizers import update\n"),
+    "natives use only input checks and group resolution from conformance.rules": (
+        "natives/torch_native/bad.py", "from conformance.rules.inputs import valid_count\n"),
+    "torch-native imports no JAX or Keras": ("natives/torch_native/bad.py", "def f():\n    import optax\n"),
+    "optax-native imports no torch or Keras": ("natives/optax_native/bad.py", "import torch.nn.functional as F\n"),
+    "the keras backend imports no torch or optax": ("natives/keras_backend/bad.py", "def f():\n    import optax\n"),
+    "natives' shared protocol imports no framework": ("natives/_protocol.py", "def f():\n    import jax\n"),
+    "conformance imports no native backend": (
+        "conformance/harness/bad.py", "def f():\n    import natives.torch_native.losses\n"),
 }
 CLEAN = {
     "conformance/__init__.py": "",
@@ -248,6 +287,15 @@ CLEAN = {
     "ref_torch/good.py": "import torch\nfrom . import _update\nfrom conformance.rules import inputs\n",
     "ref_jax/__init__.py": "",
     "ref_jax/good.py": "import jax\nimport optax\nfrom ._update import make_update_step\n",
+    "natives/__init__.py": "",
+    "natives/_protocol.py": "import numpy as np\nfrom conformance.errors import UnsupportedError\n",
+    "natives/torch_native/__init__.py": "",
+    "natives/torch_native/good.py": "import torch\nfrom conformance.rules.inputs import check_loss_inputs\n"
+                                    "from conformance.rules.groups import resolve_groups\nfrom natives._protocol import refuse\n",
+    "natives/optax_native/__init__.py": "",
+    "natives/optax_native/good.py": "import jax\nimport optax\nfrom conformance.config import LossSpec\n",
+    "natives/keras_backend/__init__.py": "",
+    "natives/keras_backend/good.py": "def f():\n    import keras\n    import jax\n",
 }
 
 

@@ -72,7 +72,7 @@ def test_round_trip_is_exact_and_owner_only(tmp_path) -> None:
     loaded = ck.load_checkpoint(path)
     assert_same(loaded.state, sample_state())
     m = loaded.manifest
-    assert (m["format"], m["format_version"], m["update"], m["val_loss"]) == ("twinstep-checkpoint", 1, 7, 0.5)
+    assert (m["format"], m["format_version"], m["update"], m["val_loss"]) == ("twinstep-checkpoint", 2, 7, 0.5)
     assert m["config_sha256"] == hashlib.sha256(sample_state().config.encode()).hexdigest()
     assert m["versions"]["torch"] == "x" and m["versions"]["numpy"] == np.__version__
     for name in ck.FILES:  # sizes and digests, recomputed independently
@@ -170,11 +170,19 @@ def loads_silently_wrong(damaged_bytes: bytes, pristine: bytes) -> bool:
     return set(loaded) != set(before) or any(loaded[k].tobytes() != before[k].tobytes() for k in before)
 
 
-def edit_manifest(path, change) -> None:
+def edit_manifest(path, change, rehash: bool = True) -> None:
+    """Change the manifest as a tamperer who knows the format would: with `rehash`, its own hash
+    (manifest_sha256) is recomputed and it is written canonically, so only the schema's checks and
+    the other files' hashes stand in the way."""
     m = json.loads((path / ck.MANIFEST).read_text())
     change(m)
     os.chmod(path / ck.MANIFEST, 0o600)
-    (path / ck.MANIFEST).write_text(json.dumps(m))
+    if rehash:
+        m.pop("manifest_sha256", None)
+        m["manifest_sha256"] = hashlib.sha256(cio.encode_json(m, "m")).hexdigest()
+        (path / ck.MANIFEST).write_bytes(cio.encode_json(m, "m"))
+    else:
+        (path / ck.MANIFEST).write_text(json.dumps(m))
 
 
 @pytest.mark.parametrize("change, error, match", [
@@ -185,7 +193,8 @@ def edit_manifest(path, change) -> None:
     (lambda m: m.__setitem__("format_version", 99), CheckpointRejected, "newer"),
     (lambda m: m.__setitem__("format", "orbax"), CheckpointRejected, "not a twinstep"),
     (lambda m: m["files"].pop("config.toml"), CheckpointCorruptError, "does not list config.toml"),
-    (lambda m: m["files"]["model.safetensors"].__setitem__("size", "12"), CheckpointCorruptError, "integer size"),
+    (lambda m: m["files"]["model.safetensors"].__setitem__("size", "12"), CheckpointCorruptError,
+     "files.model.safetensors.size must be an integer"),
 ])
 def test_tampered_manifest_is_refused(tmp_path, change, error: type, match: str) -> None:
     path = ck.save_checkpoint(tmp_path, sample_state())

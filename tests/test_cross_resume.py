@@ -11,13 +11,13 @@ position of a torch checkpoint fails the same comparison.
 
 from __future__ import annotations
 
-import functools
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support.resume import forgotten
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
@@ -126,8 +126,11 @@ def test_jax_checkpoint_continues_in_torch(torch_full: Path, first_part: dict[st
 @pytest.mark.parametrize("forget", ["optimizer", "loss_scale", "schedule"])
 def test_jax_resume_that_forgets_state_fails(torch_full: Path, first_part: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch, forget: str) -> None:
-    from ref_jax import _train_state as ts
+    from conformance.run import (
+        session,  # forgotten after verification, as by the trainer
+    )
 
-    monkeypatch.setattr(ts, "initial_state", functools.partial(ts.initial_state, skip=frozenset({forget})))
+    real_pick = session.pick_checkpoint
+    monkeypatch.setattr(session, "pick_checkpoint", lambda *a: forgotten(real_pick(*a), forget))
     got = continue_in("jax", first_part["torch"], tmp_path / "run")
     assert not compare_runs(torch_full, got).passed

@@ -104,3 +104,101 @@ def test_cross_entropy_class_axis() -> None:
     o = np.asarray(optax.losses.softmax_cross_entropy_with_integer_labels(jnp.moveaxis(jnp.asarray(x), 1, -1),
                                                                          jnp.asarray(y)))
     np.testing.assert_allclose(t, o, rtol=1e-14)
+
+
+NINF = -np.inf
+
+
+def _torch_value_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    xt = torch.tensor(x, requires_grad=True)
+    v = fn(xt)
+    v.sum().backward()
+    return v.detach().numpy(), xt.grad.numpy()
+
+
+def _optax_value_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = fn(jnp.asarray(x))
+    return np.asarray(v), np.asarray(jax.grad(lambda a: fn(a).sum())(jnp.asarray(x)))
+
+
+def test_neg_inf_logits_in_torch_and_optax() -> None:
+    """L-NEGINF: with class indices both give +inf where the target's class is -inf and finite gradients;
+    probability targets are NaN at a -inf class with q = 0 in both (optax.safe_softmax_cross_entropy
+    gives 0·log 0 = 0 instead); at a -inf logit torch's bce is NaN for every target, optax's NaN for y = 0
+    and +inf for y > 0, with the same finite gradient."""
+    x = np.array([[1.0, NINF, 0.5], [0.2, 0.3, NINF]])
+    y = np.array([1, 0])
+    tv, tg = _torch_value_grad(lambda a: F.cross_entropy(a, torch.tensor(y), reduction="none"), x)
+    ov, og = _optax_value_grad(lambda a: optax.losses.softmax_cross_entropy_with_integer_labels(a, jnp.asarray(y)), x)
+    assert tv[0] == ov[0] == np.inf and tv[1] == pytest.approx(ov[1], rel=1e-15)
+    np.testing.assert_allclose(tg, og, rtol=1e-15, atol=1e-16)
+    q = np.array([[0.5, 0.0, 0.5], [0.2, 0.8, 0.0]])
+    tv, tg = _torch_value_grad(lambda a: F.cross_entropy(a, torch.tensor(q), reduction="none"), x)
+    ov, og = _optax_value_grad(lambda a: optax.losses.softmax_cross_entropy(a, jnp.asarray(q)), x)
+    assert np.isnan(tv).all() and np.isnan(ov).all()
+    np.testing.assert_allclose(tg, og, rtol=1e-14, atol=1e-16)
+    safe = np.asarray(optax.losses.safe_softmax_cross_entropy(jnp.asarray(x), jnp.asarray(q)))
+    assert np.isfinite(safe).all()
+    xb, yb = np.full(3, NINF), np.array([0.0, 1.0, 0.5])
+    tv, tg = _torch_value_grad(lambda a: F.binary_cross_entropy_with_logits(a, torch.tensor(yb), reduction="none"), xb)
+    ov, og = _optax_value_grad(lambda a: optax.losses.sigmoid_binary_cross_entropy(a, jnp.asarray(yb)), xb)
+    assert np.isnan(tv).all()
+    assert np.isnan(ov[0]) and ov[1] == ov[2] == np.inf
+    np.testing.assert_array_equal(tg, og)
+    np.testing.assert_array_equal(tg, -yb)
+    all_neg = np.array([[NINF, NINF]])  # no class with probability > 0: NaN in both (twinstep refuses it)
+    assert torch.isnan(F.cross_entropy(torch.tensor(all_neg), torch.tensor([0]))).item()
+    assert np.isnan(float(optax.losses.softmax_cross_entropy_with_integer_labels(jnp.asarray(all_neg),
+                                                                                   jnp.asarray([0]))[0]))
+
+
+def _torchvision_focal(x: torch.Tensor, y: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+    # torchvision.ops.sigmoid_focal_loss's formula, reduction "none" (tools/_loss_refs.py)
+    p = torch.sigmoid(x)
+    ce = F.binary_cross_entropy_with_logits(x, y, reduction="none")
+    p_t = p * y + (1 - p) * (1 - y)
+    loss = ce * ((1 - p_t) ** gamma)
+    return (alpha * y + (1 - alpha) * (1 - y)) * loss if alpha >= 0 else loss
+
+
+def test_optax_focal_has_no_alpha_by_default() -> None:
+    """L-FOCAL: optax.sigmoid_focal_loss defaults to alpha = None (no weighting), torchvision to 0.25; with
+    the same alpha they agree (optax computes (1 − p_t)^γ in log space: equal to rounding for moderate
+    logits). At a -inf logit torchvision's formula is NaN with NaN gradients, optax's +inf for y > 0."""
+    assert inspect.signature(optax.losses.sigmoid_focal_loss).parameters["alpha"].default is None
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(4, 3)) * 3, (rng.random((4, 3)) > 0.5).astype(float)
+    tv, tg = _torch_value_grad(lambda a: _torchvision_focal(a, torch.tensor(y)), x)
+    ov, og = _optax_value_grad(lambda a: optax.losses.sigmoid_focal_loss(a, jnp.asarray(y), alpha=0.25), x)
+    np.testing.assert_allclose(ov, tv, rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(og, tg, rtol=1e-12, atol=1e-16)
+    default = np.asarray(optax.losses.sigmoid_focal_loss(jnp.asarray(x), jnp.asarray(y)))
+    tn, _ = _torch_value_grad(lambda a: _torchvision_focal(a, torch.tensor(y), alpha=-1), x)
+    np.testing.assert_allclose(default, tn, rtol=1e-13, atol=1e-16)
+    assert not np.allclose(default, tv)
+    xb, yb = np.full(2, NINF), np.array([0.0, 1.0])
+    tv, tg = _torch_value_grad(lambda a: _torchvision_focal(a, torch.tensor(yb)), xb)
+    ov, og = _optax_value_grad(lambda a: optax.losses.sigmoid_focal_loss(a, jnp.asarray(yb), alpha=0.25), xb)
+    assert np.isnan(tv).all() and np.isnan(tg).all()
+    assert np.isnan(ov[0]) and ov[1] == np.inf and np.isnan(og).all()
+
+
+def test_optax_focal_passes_the_focal_cases_with_torchvisions_alpha() -> None:
+    """L-FOCAL ledger check: optax.sigmoid_focal_loss, with alpha mapped (-1 → None), passes every bundled
+    sigmoid_focal case without weight, mask or sample weights; with optax's default alpha it fails them."""
+    from conformance.harness.case import load_cases
+    from conformance.harness.compare import compare
+
+    cases = [c for c in load_cases(only=["loss/focal-*"]) if not c.expects_error and c.inputs.mask is None
+             and c.inputs.sample_weight is None and c.sections["loss"].weight is None and c.dtype == "float64"]
+    assert len(cases) >= 8
+    for c in cases:
+        spec, x, y = c.sections["loss"], c.inputs.prediction.astype(float), c.inputs.target.astype(float)
+        reduce = {"none": lambda v: v, "sum": jnp.sum, "mean": jnp.mean}[spec.reduction]
+        for alpha, should_pass in ((None if spec.alpha < 0 else spec.alpha, True), (None, spec.alpha < 0)):
+            f = lambda a: reduce(optax.losses.sigmoid_focal_loss(a, jnp.asarray(y), alpha=alpha, gamma=spec.gamma))  # noqa: E731
+            value = np.asarray(f(jnp.asarray(x)))
+            grad = np.asarray(jax.grad(lambda a: f(a).sum())(jnp.asarray(x)))
+            ok = compare({"value": value, "grad": grad}, {"value": c.expected.value, "grad": c.expected.grad},
+                         c.atol, c.rtol).passed
+            assert ok == should_pass, f"{c.id} alpha={alpha}"

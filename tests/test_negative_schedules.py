@@ -1,8 +1,10 @@
 """Negative controls: deliberately wrong schedules that the bundled cases must catch.
 
 Each control runs a bundled case through the real harness with one mistake injected (a scheduler
-stepped per micro-batch, `schedule(t + 1)`, optax's int32 count, optax's cosine clamp, ...) and
-asserts that the case FAILS, while the same case passes on the unmodified backend.
+stepped per micro-batch, `schedule(t + 1)`, optax's int32 count, optax's cosine clamp, triangular2
+without halving, a plateau without cooldown or with optax's patience, a chained schedule that does
+not multiply, Keras's m_mul or optax's end value dropped, ...) and asserts that the case FAILS,
+while the same case passes on the unmodified backend.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ CASES = CASES_DIR / "schedule"
 
 
 def mutant(name: str, mutate: Callable[..., dict]) -> PatchedBackend:
-    """Backend `name` whose schedule_values is wrapped by `mutate(real_fn, schedule, optimizer, steps, upe)`."""
+    """Backend `name` whose schedule_values is wrapped by `mutate(real_fn, schedule, optimizer, steps, upe)`
+    (at= and metrics= pass through to the real function)."""
     real = Backend(name).function("schedules", "schedule_values")
 
-    def schedule_values(schedule: Any, optimizer: Any, steps: int, upe: int = 1) -> dict:
-        return mutate(real, schedule, optimizer, steps, upe)
+    def schedule_values(schedule: Any, optimizer: Any, steps: int, upe: int = 1, **kw: Any) -> dict:
+        return mutate(lambda *a: real(*a, **kw), schedule, optimizer, steps, upe)
 
     label = getattr(mutate, "__name__", "mutant")
     return PatchedBackend(name, patches=(("schedules", "schedule_values", schedule_values),), label=label)
@@ -168,3 +171,85 @@ def test_seed_cosine_misprint_is_caught(tmp_path) -> None:
     for name in ("torch", "jax", "oracle"):
         assert run_case(c, Backend(name)).passed
         assert not run_case(bad, Backend(name)).passed
+
+
+def _with(**update: Any) -> Callable[..., dict]:
+    # the schedule run with some of its fields changed: the mistake a port makes
+    def mutate(fn, schedule, optimizer, steps, upe):
+        return fn(schedule.model_copy(update=update), optimizer, steps, upe)
+
+    mutate.__name__ = "-".join(f"{k}={v}" for k, v in update.items())
+    return mutate
+
+
+def only_last_part(fn, schedule, optimizer, steps, upe):
+    # chained read as its last part alone (the factors not multiplied)
+    return fn(schedule.schedulers[-1], optimizer, steps, upe)
+
+
+def momentum_with_the_lr(fn, schedule, optimizer, steps, upe):
+    # cyclic momentum cycled with the lr instead of against it
+    out = fn(schedule, optimizer, steps, upe)
+    m = out["momentum"]
+    return {**out, "momentum": schedule.base_momentum + schedule.max_momentum - m}
+
+
+def optimizer_lr_kept(fn, schedule, optimizer, steps, upe):
+    # CyclicLR's base_lr taken as a cap instead of overriding the groups' lr
+    return fn(schedule.model_copy(update={"base_lr": None}), optimizer, steps, upe)
+
+
+def spots_off_by_one(fn, schedule, optimizer, steps, upe):
+    # spot values read one update late
+    out = fn(schedule, optimizer, steps + 1, upe)
+    return {k: (v[1:] if isinstance(v, np.ndarray) else v) for k, v in out.items()}
+
+
+PEER_MISTAKES = [  # (id, case, mistake, backends)
+    ("triangular2-without-halving", "generated/cyclic-triangular2-no-momentum.toml", _with(mode="triangular"), "tj"),
+    ("exp-range-without-gamma", "generated/cyclic-exp-range-adam-beta1.toml",
+     _with(mode="triangular", scale_mode="cycle", gamma=1.0), "tj"),
+    ("cyclic-momentum-with-the-lr", "generated/cyclic-triangular-sgd-momentum.toml", momentum_with_the_lr, "tj"),
+    ("cyclic-base-lr-ignored", "generated/cyclic-triangular-sgd-momentum.toml", optimizer_lr_kept, "tj"),
+    ("cyclic-step-size-down-ignored", "generated/cyclic-triangular2-no-momentum.toml", _with(step_size_down=3), "tj"),
+    ("plateau-without-cooldown", "generated/plateau-min-rel-cooldown-min-lr.toml", _with(cooldown=0), "tj"),
+    ("plateau-without-min-lr", "generated/plateau-max-abs-cooldown-min-lr-groups.toml", _with(min_lr=0.0), "tj"),
+    ("plateau-optax-patience", "generated/plateau-min-rel-cooldown-min-lr.toml", _with(patience=2), "tj"),
+    ("plateau-without-eps", "generated/plateau-eps-stops-small-reductions.toml", _with(eps=0.0), "tj"),
+    ("plateau-abs-read-as-rel", "generated/plateau-max-abs-cooldown-min-lr-groups.toml",
+     _with(threshold_mode="rel"), "tj"),
+    ("chained-only-last-part", "generated/chained-linear-cosine.toml", only_last_part, "tj"),
+    ("m-mul-ignored", "generated/keras-restarts-test-mmul.toml", _with(m_mul=1.0), "tj"),
+    ("end-value-ignored", "generated/optax-exponential-end-value.toml", _with(end_factor=None), "tj"),
+    ("spots-off-by-one", "generated/cyclic-triangular2-spots.toml", spots_off_by_one, "tj"),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "mutate"), [
+    pytest.param(name, path, mutate, id=f"{mistake}[{name}]")
+    for mistake, path, mutate, which in PEER_MISTAKES for name in ("torch", "jax") if name[0] in which])
+def test_wrong_peer_semantics_are_caught(name: str, path: str, mutate) -> None:
+    assert caught(case(path), mutant(name, mutate))
+
+
+def test_metrics_observed_one_update_early_is_caught() -> None:
+    """The metric of update t used for update t's own lr (observed before the update, not after)."""
+    c = case("generated/plateau-min-rel-cooldown-min-lr.toml")
+    real = Backend("torch").function("schedules", "schedule_values")
+
+    def early(schedule: Any, optimizer: Any, steps: int, upe: int = 1, **kw: Any) -> dict:
+        metrics = [*kw.pop("metrics")[1:], 0.0]
+        return real(schedule, optimizer, steps, upe, metrics=metrics, **kw)
+
+    assert caught(c, PatchedBackend("torch", patches=(("schedules", "schedule_values", early),), label="early"))
+
+
+def test_optax_staircase_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # optax.exponential_decay(staircase=True) under a float64 count: a boundary one update early (S-STAIRCASE)
+    def optax_staircase(b: float, k: int, gamma: float, end: Any):
+        return optax.exponential_decay(b, k, gamma, staircase=True, end_value=end)
+
+    c = case("generated/step-size-49-boundaries.toml")
+    assert run_case(c, Backend("jax")).passed
+    monkeypatch.setattr(jax_schedules, "_staircase", optax_staircase)
+    assert not run_case(c, Backend("jax")).passed

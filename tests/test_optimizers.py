@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 from support.optimizers import BACKENDS, random_spec, run_all, spec_of, worst
 
 from conformance.config import load_config
-from conformance.config.optimizer import DEFAULTS, OPTIMIZER_NAMES, OptimizerSpec
+from conformance.config.optimizer import (
+    DEFAULTS,
+    OPTIMIZER_NAMES,
+    USED_BY,
+    OptimizerSpec,
+)
 from conformance.errors import ConfigError, InputError
 from conformance.oracle import optimizers as oracle
 from conformance.rules.groups import group_layout, resolve_groups
@@ -47,7 +52,8 @@ def test_defaults_are_torch_defaults(name: str) -> None:
             want = "original"  # torch's None means "original"
         assert spec[key] == want, f"{name}.{key}: spec {spec[key]!r}, torch {want!r}"
     assert set(spec) - set(signature) <= {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule",
-                                          "ns_dtype", "decoupled_weight_decay"}
+                                          "ns_dtype", "decoupled_weight_decay", "eps_hat"}
+
 
 
 def test_lion_defaults_are_lucidrains() -> None:
@@ -62,7 +68,21 @@ def test_lion_defaults_are_lucidrains() -> None:
     ({"name": "adam", "betas": [0.9, 1.0]}, "optimizer.betas[1] must be in [0, 1); received 1.0"),
     ({"name": "adam", "lr": -1.0}, "optimizer.lr must be >= 0; received -1.0"),
     ({"name": "adam", "amsgrad_variant": "optax"}, "optimizer.amsgrad_variant is only used with amsgrad = true"),
-    ({"name": "adamw", "decoupled_weight_decay": False}, "optimizer.decoupled_weight_decay is only used when"),
+    ({"name": "adamw", "decoupled_weight_decay": False},
+     "optimizer.decoupled_weight_decay is not used with name = 'adamw': its weight decay is always decoupled"),
+    ({"name": "adam", "eps_hat": True, "eps_root": 1e-8}, "optimizer.eps_hat cannot be combined with eps_root = 1e-08"),
+    ({"name": "adam", "eps_root": 1e-8, "groups": [{"params": ["a"], "eps_hat": True}]},
+     "optimizer.groups[0].eps_hat cannot be combined with eps_root"),
+    ({"name": "adam", "eps_hat": True, "amsgrad": True, "amsgrad_variant": "optax"},
+     "optimizer.eps_hat is only defined with amsgrad_variant = 'torch'"),
+    ({"name": "radam", "eps_hat": True}, "optimizer.eps_hat is only used when name is adam, adamw, adamax, nadam"),
+    ({"name": "lion", "decoupled_weight_decay": True}, "its weight decay is always decoupled"),
+    ({"name": "schedule_free_sgd", "momentum": 0.0}, "optimizer.momentum must be in (0, 1) for schedule_free_sgd"),
+    ({"name": "schedule_free_adamw", "warmup_steps": -1}, "optimizer.warmup_steps must be >= 0"),
+    ({"name": "schedule_free_adamw", "warmup_steps": 1.5}, "optimizer.warmup_steps"),
+    ({"name": "schedule_free_adamw", "r": -1.0}, "optimizer.r must be >= 0"),
+    ({"name": "schedule_free_adamw", "maximize": True}, "optimizer.maximize is only used when name is"),
+    ({"name": "adam", "warmup_steps": 5}, "optimizer.warmup_steps is only used when name is schedule_free_adamw"),
     ({"name": "adam", "eps": [1e-3, 1e-3]}, "optimizer.eps must be a number for adam"),
     ({"name": "adafactor", "eps": 1e-3}, "optimizer.eps must be torch's pair"),
     ({"name": "adafactor", "d": 0.5}, "optimizer.d must be >= 1"),
@@ -321,7 +341,7 @@ def test_large_step_counts(name: str) -> None:
     assert worst(out["torch"], out["oracle"]) <= 1e-12 and worst(out["jax"], out["oracle"]) <= 1e-12
 
 
-@pytest.mark.parametrize("name", [n for n in OPTIMIZER_NAMES if n != "muon"])
+@pytest.mark.parametrize("name", USED_BY["maximize"])
 def test_maximize_equals_minimizing_the_negated_gradient(name: str, backend) -> None:
     rng = np.random.default_rng(11)
     params = {"w": rng.standard_normal((2, 3))}

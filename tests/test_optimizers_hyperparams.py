@@ -133,3 +133,41 @@ def test_momentum_switched_on_after_update_0_as_onecycle_does() -> None:
         _, js = jtx.update({"w": jnp.ones(3)}, js, {"w": jnp.zeros(3)})
         with pytest.raises(ConfigError, match="keep no momentum buffer"):
             jo.set_group_hyperparams(js, 0, momentum=0.9)
+
+
+@pytest.mark.parametrize(("name", "key", "values"), [
+    ("sgd", "weight_decay", [0.0, 0.0, 0.1, 0.3]), ("adamw", "weight_decay", [0.0, 0.2, 0.2, 0.0]),
+    ("rmsprop", "momentum", [0.9, 0.9, 0.5, 0.0]), ("sgd", "momentum", [0.0, 0.0, 0.9, 0.9]),
+])
+@pytest.mark.parametrize("jitted", [False, True])
+def test_what_a_group_was_built_without_is_switched_on(name: str, key: str, values: list, jitted: bool) -> None:
+    """The JAX twin decides at build time what a group with weight_decay = 0 or momentum = 0 needs (no
+    decay work, no momentum buffer: optax.rmsprop's cost); a value set later rebuilds the group's plan,
+    concrete or traced, and the trajectory is torch's."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from ref_jax.backend import context
+
+    spec = spec_of({"name": name, "lr": 0.05, key: 0.0})
+    rng = np.random.default_rng(9)
+    w0, grads = rng.standard_normal(4), [rng.standard_normal(4) for _ in values]
+    tw = torch.nn.Parameter(torch.tensor(w0))
+    opt = to.build_optimizer(spec, [("w", tw)])
+    with context():
+        tx = jo.build_optimizer(spec, {"w": jnp.asarray(w0)})
+
+        def step(p, g, s, value):
+            u, s = tx.update(g, jo.set_group_hyperparams(s, 0, **{key: value}), p)
+            return optax.apply_updates(p, u), s
+
+        step = jax.jit(step) if jitted else step
+        jp, js = {"w": jnp.asarray(w0)}, tx.init({"w": jnp.asarray(w0)})
+        for g, value in zip(grads, values):
+            to.set_group_hyperparams(opt, 0, **{key: value})
+            tw.grad = torch.tensor(g)
+            opt.step()
+            jp, js = step(jp, {"w": jnp.asarray(g)}, js, value)
+        np.testing.assert_allclose(np.asarray(jp["w"]), tw.detach().numpy(), rtol=1e-13, atol=1e-15)
+        assert set(jo.export_state(js)["state"]["w"]) == set(to.export_state(opt)["state"]["w"])

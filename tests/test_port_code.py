@@ -55,6 +55,16 @@ OPTIMIZERS = {
     "adafactor": {"name": "adafactor", "lr": 0.01, "weight_decay": 0.1},
     "muon-bfloat16": {"name": "muon", "lr": 0.01},
     "muon-float64": {"name": "muon", "lr": 0.01, "ns_dtype": "float64", "fallback": {"name": "sgd", "lr": 0.1}},
+    "sgd-decoupled": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.1, "decoupled_weight_decay": True},
+    "rmsprop-decoupled": {"name": "rmsprop", "lr": 0.01, "weight_decay": 0.2, "decoupled_weight_decay": True,
+                          "eps_in_sqrt": True},
+    "adagrad-decoupled": {"name": "adagrad", "lr": 0.1, "lr_decay": 0.05, "weight_decay": 0.1,
+                          "decoupled_weight_decay": True},
+    "adamax-decoupled": {"name": "adamax", "lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True},
+    "adam-eps-hat": {"name": "adam", "lr": 0.01, "eps": 0.1, "eps_hat": True, "weight_decay": 0.1},
+    "adamw-eps-hat-amsgrad": {"name": "adamw", "lr": 0.01, "eps": 0.1, "eps_hat": True, "amsgrad": True},
+    "schedule-free-adamw": {"name": "schedule_free_adamw", "lr": 0.01, "warmup_steps": 3, "weight_decay": 0.1},
+    "schedule-free-sgd": {"name": "schedule_free_sgd", "lr": 0.1, "warmup_steps": 2, "weight_lr_power": 1.0},
 }
 SCHEDULES = {
     "constant-factor": {"name": "constant", "factor": 0.5, "total_iters": 3},
@@ -76,6 +86,20 @@ SCHEDULES = {
         {"name": "linear", "start_factor": 0.1, "total_iters": 3}, {"name": "wsd", "warmup_steps": 1,
         "total_steps": 4, "decay_steps": 2, "decay_type": "cosine"}, {"name": "exponential", "gamma": 0.8}]},
     "per-epoch": {"name": "step", "step_size": 2, "gamma": 0.5, "unit": "epoch"},
+    "chained": {"name": "chained", "schedulers": [{"name": "linear", "start_factor": 0.2, "total_iters": 3},
+                                                  {"name": "step", "step_size": 4, "gamma": 0.5},
+                                                  {"name": "cosine", "t_max": 20}]},
+    "cyclic-triangular2-momentum": {"name": "cyclic", "max_lr": 0.3, "step_size_up": 2, "step_size_down": 3,
+                                    "mode": "triangular2"},
+    "cyclic-exp-range": {"name": "cyclic", "max_lr": 0.3, "step_size_up": 3, "mode": "exp_range", "gamma": 0.9,
+                         "cycle_momentum": False},
+    "plateau": {"name": "reduce_on_plateau", "patience": 1},
+    "restarts-m-mul": {"name": "cosine_restarts", "t_0": 2, "t_mult": 2, "m_mul": 0.5, "eta_min": 1e-3},
+    "polynomial-end": {"name": "polynomial", "total_iters": 6, "power": 2.0, "end_factor": 0.3},
+    "exponential-floor": {"name": "exponential", "gamma": 0.7, "end_factor": 0.2},
+    "step-ceiling": {"name": "step", "step_size": 2, "gamma": 1.5, "end_factor": 3.0},
+    "linear-from-above": {"name": "linear", "start_factor": 4.0, "end_factor": 1.0, "total_iters": 5},
+    "warmup-cosine-from-above": {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 9, "start_factor": 3.0},
 }
 PATHS = {  # clip, accumulation, precision
     "tokens-dynamic-torch-clip": ({"max_norm": 0.5}, {"steps": 3, "normalize": "tokens"}, DYNAMIC),
@@ -166,6 +190,36 @@ def test_the_non_finite_policy_raises_in_snippets(framework: str) -> None:
             run_snippet(framework, code, config, values, windows[:at])  # the updates before pass
 
 
+def test_plateau_snippets_observe_metrics() -> None:
+    """reduce_on_plateau in snippets: the torch Updater's observe() (torch's ReduceLROnPlateau.step) and
+    the optax snippet's observe(state, plateau, metric) give the lrs of twinstep's torch backend."""
+    config = _config({"name": "sgd", "lr": 0.1, "momentum": 0.9}, {"name": "reduce_on_plateau", "patience": 1,
+                                                                   "cooldown": 1, "factor": 0.5, "min_lr": 4e-3})
+    metrics = [1.0, 0.9, 0.95, 0.93, 0.92, 0.91, 0.95, 0.99, 0.89, 0.9, 0.9, 0.9]
+    with Backend("torch").context():
+        want = Backend("torch").function("schedules", "schedule_values")(config.schedule, config.optimizer,
+                                                                          len(metrics), metrics=metrics)["lr"]
+    ns: dict = {}
+    exec(torch_code(config), ns)  # noqa: S102 - the generated code under test
+    model = torch.nn.Module()
+    for name, shape in SHAPES.items():
+        model.register_parameter(name.replace(".", "_"), torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64)))
+    updater, torch_lrs = ns["Updater"](model), []
+    for m in metrics:
+        torch_lrs.append([g["lr"] for g in updater.optimizer.param_groups])
+        updater.observe(m)
+    np.testing.assert_array_equal(np.array(torch_lrs)[:, -1], want[:, -1])
+    ns = {}
+    with Backend("jax").context():
+        exec(optax_code(config), ns)  # noqa: S102
+        state, plateau, optax_lrs = ns["init"](_values(config)), ns["plateau_init"](), []
+        for m in metrics:
+            optax_lrs.append([float(state.opt_state.hyperparams[f"lr_{i}"]) for i in range(2)])
+            state, plateau = ns["observe"](state, plateau, m)
+    np.testing.assert_array_equal(np.array(optax_lrs), want)
+    assert len(set(want[:, 0])) > 2
+
+
 def test_snippets_import_no_twinstep() -> None:
     config = _config(OPTIMIZERS["muon-float64"], SCHEDULES["sequential"], *PATHS["tokens-dynamic-torch-clip"])
     for code in (torch_code(config), optax_code(config)):
@@ -221,3 +275,27 @@ def test_to_code_is_the_python_entry_point() -> None:
     assert to_code(config, "torch") == torch_code(config) and to_code(config, "optax") == optax_code(config)
     with pytest.raises(ConfigError, match="framework must be 'torch' or 'optax'"):
         to_code(config, "tensorflow")
+
+
+def test_snippets_keep_the_weights_ema() -> None:
+    """[ema] in both snippets (torch: AveragedModel with get_ema_multi_avg_fn; optax: the state's
+    ema): after every update, the oracle's rule over the snippet's own weights, skipped updates
+    (poisoned windows) changing nothing."""
+    from conformance.oracle.ema import update_ema
+    from conformance.rules.ema import ema_due
+
+    config = load_config({"optimizer": {"name": "adamw", "lr": 0.05}, "precision": F64,
+                          "ema": {"decay": 0.8, "every": 2, "start": 1}})
+    values = _values(config)
+    windows = gradient_stream(SHAPES, 8, poison=(3,))
+    for framework, backend, make in (("torch", "torch", torch_code), ("optax", "jax", optax_code)):
+        with Backend(backend).context():
+            trace = run_snippet(framework, make(config, "test", 1), config, values, windows)
+        average = None
+        for t, (params, skipped, got) in enumerate(zip(trace.params, trace.skipped, trace.ema)):
+            if not skipped and ema_due(config.ema, t):
+                average = update_ema(config.ema, average, params, t)
+            assert (got is None) == (average is None), f"{framework} update {t}"
+            for k in params if got is not None else ():
+                np.testing.assert_allclose(got[k], average[k], rtol=1e-13, atol=1e-15, err_msg=f"{framework} {t} {k}")
+        assert trace.skipped[3] and average is not None

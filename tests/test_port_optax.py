@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 
-import optax
 import pytest
 
 from conformance.config import load_config
@@ -74,6 +73,31 @@ DESCRIPTIONS = {
     "warmup-exponential": lr({"warmup_exponential_decay_schedule": {
         "init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2, "transition_steps": 2, "decay_rate": 0.5}}),
     "warmup-constant": lr({"warmup_constant_schedule": {"init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2}}),
+    # optax's end values and starts above the peak (issue 13)
+    "polynomial-end-value": lr({"polynomial_schedule": {"init_value": 0.1, "end_value": 0.02, "power": 2,
+                                                        "transition_steps": 6}}),
+    "exponential-end-value": lr({"exponential_decay": {"init_value": 0.1, "transition_steps": 1, "decay_rate": 0.7,
+                                                       "end_value": 0.03}}),
+    "exponential-growth-ceiling": lr({"exponential_decay": {"init_value": 0.01, "transition_steps": 2,
+                                                            "decay_rate": 1.5, "end_value": 0.05}}),
+    "staircase-begin-end-value": lr({"exponential_decay": {"init_value": 0.1, "transition_steps": 2, "decay_rate": 0.5,
+                                                           "transition_begin": 3, "staircase": True,
+                                                           "end_value": 0.02}}),
+    "linear-from-above-then-cosine": lr({"join_schedules": {"schedules": [
+        {"linear_schedule": {"init_value": 0.3, "end_value": 0.1, "transition_steps": 3}},
+        {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 6}}], "boundaries": [3]}}),
+    "linear-from-above-then-exponential": lr({"join_schedules": {"schedules": [
+        {"linear_schedule": {"init_value": 0.5, "end_value": 0.2, "transition_steps": 4}},
+        {"exponential_decay": {"init_value": 0.1, "transition_steps": 1, "decay_rate": 0.8}}], "boundaries": [5]}}),
+    "warmup-cosine-from-above": lr({"warmup_cosine_decay_schedule": {"init_value": 0.2, "peak_value": 0.05,
+                                                                     "warmup_steps": 3, "decay_steps": 10}}),
+    "sgd-decoupled": {"chain": [{"trace": {"decay": 0.9}}, {"add_decayed_weights": {"weight_decay": 0.1}},
+                                {"scale_by_learning_rate": {"learning_rate": 0.05}}]},
+    "adamax-decoupled": {"chain": [{"scale_by_adamax": {}}, {"add_decayed_weights": {"weight_decay": 0.2}},
+                                   {"scale_by_learning_rate": {"learning_rate": 0.01}}]},
+    "schedule-free-adamw": {"schedule_free_adamw": {"learning_rate": 0.01, "weight_decay": 0.1, "b1": 0.8}},
+    "schedule-free-sgd": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
+                                    {"schedule_free_sgd": {"learning_rate": 0.1, "weight_lr_power": 1.0}}]},
 }
 
 
@@ -105,6 +129,20 @@ def test_optax_semantics_become_explicit_fields() -> None:
     assert issue["optimizer"]["weight_decay"] == 1e-4 and issue["optimizer"]["name"] == "adamw"
     assert issue["schedule"] == {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 10, "eta_min": 1e-3,
                                  "start_factor": 0.0, "convention": "optax"}
+
+
+def test_end_values_and_starts_above_the_peak_are_fields() -> None:
+    def schedule(name: str) -> dict:
+        return from_optax({"optax": DESCRIPTIONS[name]})["schedule"]
+
+    assert schedule("polynomial-end-value") == {"name": "polynomial", "total_iters": 6, "power": 2.0,
+                                                "end_factor": 0.02 / 0.1}
+    assert schedule("exponential-growth-ceiling")["end_factor"] == 5.0
+    assert schedule("warmup-cosine-from-above")["start_factor"] == 4.0
+    above = from_optax({"optax": DESCRIPTIONS["linear-from-above-then-exponential"]})
+    assert above["optimizer"]["lr"] == 0.1  # the exponential's start is the base lr; the warm-up a factor above
+    assert above["schedule"]["schedulers"][0] == {"name": "linear", "start_factor": 5.0, "end_factor": 2.0,
+                                                  "total_iters": 4}
 
 
 def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> None:
@@ -152,8 +190,10 @@ def test_a_description_without_an_optax_table_is_refused() -> None:
 
 @pytest.mark.parametrize("name", sorted(set(TRANSFORMS) | set(SCHEDULES)))
 def test_argument_tables_match_optax_signatures(name: str) -> None:
+    import optax.contrib
+
     table = TRANSFORMS.get(name) or SCHEDULES[name]
-    params = inspect.signature(getattr(optax, name)).parameters
+    params = inspect.signature(getattr(optax, name, None) or getattr(optax.contrib, name)).parameters
     assert list(table) == list(params), name
     for key, default in table.items():
         want = params[key].default

@@ -16,7 +16,7 @@ from conformance.port.write import torch_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 PIECES = ("PerParameter", "Lion", "AdamOptax", "RMSpropEpsInSqrt", "AdagradEpsInSqrt", "FloatMuon",
-          "MuonWithFallback", "float64_mu_product")
+          "MuonWithFallback", "float64_mu_product", "decoupled_decay")
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,16 @@ def test_the_nadam_hook_keeps_mu_product_in_float64(ns) -> None:
     p.grad = g
     opt.step()
     assert opt.state[p]["mu_product"].dtype == torch.float64 and torch.isfinite(p).all()
+
+
+def test_decoupled_decay_is_adamw_s_decay_before_the_step(ns) -> None:
+    """The pre-hook on torch.optim.SGD (weight_decay 0, decoupled_decay wd) is torch's Adam(W) decay:
+    p·(1 − lr·wd) before the step."""
+    p0, g = _params()
+    got = _one_step(lambda ps: _hooked(torch.optim.SGD([{"params": ps, "decoupled_decay": 0.1}], lr=0.5), ns))
+    torch.testing.assert_close(got, p0.detach() * (1 - 0.5 * 0.1) - 0.5 * g, rtol=0, atol=1e-15)
+
+
+def _hooked(opt, ns):
+    opt.register_step_pre_hook(ns["decoupled_decay"])
+    return opt

@@ -5,7 +5,7 @@ parameters, optimizer state, loss scale, counters and every metrics line.
 The run (tests/support/resume.py): a tiny character-level gpt with dropout (torch: the torch RNG
 matters; JAX: keys fold_in(key(run.seed), update)), AdamW, warm-up + cosine, clipping,
 token-normalized accumulation of 2, dynamic loss scaling with injected overflows (the scale and skip
-counters change), a checkpoint every 4 updates with retention. 40 updates: it crosses two epoch
+counters change), a weights' EMA ([ema], evaluations on it), a checkpoint every 4 updates with retention. 40 updates: it crosses two epoch
 boundaries (17 updates an epoch).
 
 - Real processes: `python -m conformance train` is killed with SIGKILL at a random moment after
@@ -20,7 +20,7 @@ boundaries (17 updates an epoch).
 - In-process resumes from the reference run cut back to its checkpoint after 20 updates: the plain
   resume equals the reference (so in-process and subprocess runs are the same bits), and the
   negative controls: a resume that forgets the model, the optimizer state, the loss scale, the
-  schedule position or the data position fails the same check; forgetting the RNG fails it for torch
+  schedule position, the data position or the weights' EMA fails the same check; forgetting the RNG fails it for torch
   (dropout masks come from the restored generator) and changes nothing for JAX, whose randomness is
   a pure function of run.seed and the update.
 """
@@ -35,15 +35,13 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import pytest
 from support.faults import fault_args
-from support.resume import differences, write_config
+from support.resume import differences, forgotten, write_config
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
@@ -275,32 +273,19 @@ def _reached(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
     return counted
 
 
-def _forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
-    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start."""
-    state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
-    if piece == "model":  # weights never restored: any other values than the saved ones
-        state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
-    elif piece == "optimizer":  # a fresh optimizer: no per-parameter state, step 0
-        state, meta = state._replace(optimizer={}), {**meta, "optimizer_step": 0}
-    elif piece == "loss_scale":  # the scale and growth tracker back at their initial values
-        init = load_config(tomllib.loads(state.config)).precision.init_scale
-        meta["loss_scale"] = {**meta["loss_scale"], "scale": init, "growth_tracker": 0}
-    elif piece == "schedule":  # the schedule rebuilt at position 0
-        meta["counters"] = {**meta["counters"], "schedule_t": 0}
-    elif piece == "rng":  # no generator state: each generator continues from its seed
-        state = state._replace(rng={})
-    return checkpoint._replace(state=state._replace(meta=meta))
-
-
 def plant_forgetting(piece: str, monkeypatch: pytest.MonkeyPatch, calls: list[int]) -> None:
     """Make the resume forget `piece` of the state (negative controls only): the data position in
-    the pipeline, every other piece in the checkpoint the trainer loads."""
+    the pipeline, every other piece in the checkpoint the trainer restores."""
     if piece == "data":  # update t reads the window of t - CUT, as a fresh run would
         real_window = DataPipeline.window
         monkeypatch.setattr(DataPipeline, "window", _reached(lambda self, t: real_window(self, t - CUT), calls))
         return
-    real_load = ck.load_checkpoint
-    monkeypatch.setattr(ck, "load_checkpoint", _reached(lambda path: _forgotten(real_load(path), piece), calls))
+    # after the checkpoint verified to the last field, as a trainer that forgot to restore the piece
+    # would run (a checkpoint missing a piece is itself refused: tests/test_checkpoint_fields.py)
+    from conformance.run import session
+
+    real_pick = session.pick_checkpoint
+    monkeypatch.setattr(session, "pick_checkpoint", _reached(lambda *a: forgotten(real_pick(*a), piece), calls))
 
 
 def resume_in_process(ref: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -327,7 +312,7 @@ def test_in_process_resume_is_bit_exact(reference: Reference, tmp_path: Path, mo
 
 
 @each_side(("forget",), lambda s: [(piece, (piece,)) for piece in ("model", "optimizer", "loss_scale", "schedule",
-                                                                  "data")])
+                                                                  "data", "ema")])
 def test_resume_that_forgets_state_is_caught(reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              forget: str) -> None:
     assert resume_in_process(reference, tmp_path, monkeypatch, forget) != []

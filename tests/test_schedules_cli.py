@@ -138,3 +138,44 @@ def test_key_points_of_sequential() -> None:
         (2, "part 0: warm-up ends: peak lr"), (5, "milestone: part 1 (step) starts"),
         (8, "part 1: x gamma = 0.1"), (11, "part 1: x gamma = 0.1")]
     assert np.all(np.diff([p for p, _ in schedule_cli.key_points(spec)]) > 0)
+
+
+def _write(tmp_path: Path, schedule: str) -> Path:
+    path = tmp_path / "peer.toml"
+    path.write_text(f'[optimizer]\nname = "sgd"\nlr = 0.1\nmomentum = 0.9\n[schedule]\n{schedule}\n')
+    return path
+
+
+def test_cyclic_shows_its_peaks_and_momentum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, 'name = "cyclic"\nmax_lr = 0.5\nstep_size_up = 3\nstep_size_down = 5\nmode = "triangular2"')
+    assert main(["schedule", str(path), "--steps", "30"]) == 0
+    out = capsys.readouterr().out
+    peaks = [float(line.split()[-1]) for line in out.splitlines() if "cycle peak" in line]
+    assert peaks == [0.5, 0.3, 0.2, 0.15]  # triangular2: the amplitude above 0.1 halves every cycle
+    assert "momentum cycles: first 0.9, lowest 0.8 at update 3" in out
+
+
+def test_plateau_replays_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, 'name = "reduce_on_plateau"\npatience = 1')
+    metrics = tmp_path / "val.txt"
+    metrics.write_text("1.0, 1.0\n1.0 1.0 1.0 1.0\n")
+    assert main(["schedule", str(path), "--steps", "6", "--metrics", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("default"))
+    assert float(row[-1]) == pytest.approx(0.001)  # reduced twice: after 3 and after 5 equal values
+    assert main(["schedule", str(path), "--steps", "6"]) == 0
+    assert "without --metrics every lr holds" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("schedule", "text", "words"), [
+    ('name = "cyclic"\nmax_lr = 0.5', "1 2 3", "--metrics is only read by schedule.name = 'reduce_on_plateau'"),
+    ('name = "reduce_on_plateau"', "1 2", "2 metrics for 3 updates"),
+    ('name = "reduce_on_plateau"', "1 x 2", "'x' is not a number"),
+])
+def test_bad_metrics_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], schedule: str, text: str,
+                                  words: str) -> None:
+    metrics = tmp_path / "val.txt"
+    metrics.write_text(text)
+    assert main(["schedule", str(_write(tmp_path, schedule)), "--steps", "3", "--metrics", str(metrics)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1

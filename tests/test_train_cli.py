@@ -113,10 +113,15 @@ def test_tampered_checkpoint_is_refused_and_nothing_is_lost(tmp_path: Path, caps
     assert train(*args, "--resume") == 2
     line = _one_line_error(capsys)
     assert "model.safetensors" in line and "sha256" in line
+    older = ck.list_checkpoints(out / "checkpoints")[1][1].name  # what to do about it, in the same line
+    assert f"the older checkpoint {older} verifies" in line and "--set checkpoint.allow_fallback=true" in line
     assert tree_digest(out) == before  # nothing rewritten, nothing deleted
-    # the previous complete checkpoint stands in only when asked for
-    with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000080"):
-        assert train(*args, "--resume", "--set", "checkpoint.allow_fallback=true") == 0
+    # the previous complete checkpoint stands in only when asked for, with a one-line warning
+    assert train(*args, "--resume", "--set", "checkpoint.allow_fallback=true") == 0
+    err = capsys.readouterr().err.splitlines()
+    warned = [e for e in err if "skipping checkpoint" in e]
+    assert len(warned) == 1 and warned[0].startswith("twinstep: warning: skipping checkpoint ")
+    assert "step-00000080" in warned[0] and not any("UserWarning" in e or "warnings.warn" in e for e in err)
 
 
 def test_output_directory_with_checkpoints_needs_resume(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

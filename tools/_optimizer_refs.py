@@ -3,8 +3,16 @@
 `run_torch` steps torch.optim built-ins in float64 (torch.set_default_dtype(float64), so that NAdam's
 mu_product is float64 too); `run_optax` steps optax's own optimizers under jax x64, for what torch has
 no built-in for (Lion, eps_root, optax's AMSGrad, Adagrad and RMSprop with eps inside the square root,
-optax.nadam). Both return the parameters and the state under the neutral names of docs/contract.md §4
-after every update. The spec -> torch.optim translation (`torch_optimizers`, `_groups`) is this
+optax.nadam); `run_schedulefree` steps the schedulefree package's AdamWScheduleFree / SGDScheduleFree
+in train mode (the parameters are its y). All return the parameters and the state under the neutral
+names of docs/contract.md §4 after every update.
+
+Two options torch's classes lack are applied around torch's own step, by definition:
+`decoupled_weight_decay` on SGD, RMSprop, Adagrad and Adamax is p ← p·(1 − lr·wd) on the parameters
+with a gradient before `step()` with weight_decay = 0 (torch.optim.Adam(decoupled_weight_decay=True)'s
+order); `eps_hat` on Adam, AdamW and NAdam is torch's step with eps_t = eps/√(1 − β2ᵗ) set before
+update t (ε/√(1−β2ᵗ) added to √v̂ is ε added to the raw √v, Kingma & Ba §2's ε̂), which needs every
+parameter to have a gradient at every update. The spec -> torch.optim translation (`torch_optimizers`, `_groups`) is this
 module's own, written from torch's constructor signatures: nothing here imports ref_torch, ref_jax or
 the oracle.
 """
@@ -55,11 +63,22 @@ def _groups(spec: dict[str, Any], names: list[str]) -> list[tuple[dict[str, Any]
     return split
 
 
+NO_DECOUPLED = ("sgd", "rmsprop", "adagrad", "adamax")  # torch classes without decoupled_weight_decay
+
+
 def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter]) -> list[torch.optim.Optimizer]:
     names = list(named)
     if spec["name"] != "muon":
         groups = [{"params": [named[n] for n in ns], **o} for o, ns in _groups(spec, names)]
-        return [TORCH[spec["name"]](groups, **_kwargs(spec))]
+        kwargs = _kwargs(spec)
+        kwargs.pop("eps_hat", None)  # applied by run_torch through eps
+        for g in groups:
+            g.pop("eps_hat", None)
+        if spec["name"] in NO_DECOUPLED and kwargs.pop("decoupled_weight_decay", False):
+            for g in groups:  # run_torch decays before the step; torch's own decay is off
+                g["decoupled"] = g.pop("weight_decay", kwargs.get("weight_decay", 0.0))
+                g["weight_decay"] = 0.0
+        return [TORCH[spec["name"]](groups, **kwargs)]
     fb = spec.get("fallback", {"name": "adamw"})
     forced = set(spec.get("fallback_params", []))
     muon_names = [n for n in names if named[n].ndim == 2 and n not in forced]
@@ -86,6 +105,7 @@ def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
                 p.grad = (w * (p.detach() - c)).clone()
             counts[name] += p.grad is not None
         for o in opts:
+            _decay_and_eps(spec, o, k + 1)
             o.step()
         out_p.append({n: p.detach().numpy().copy() for n, p in named.items()})
         state = {}
@@ -96,6 +116,57 @@ def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
             entry = {NEUTRAL[key]: v.detach().numpy().copy() for key, v in st.items() if key in NEUTRAL and v is not None}
             entry["step"] = np.asarray(counts[name])
             state[name] = entry
+        out_s.append(state)
+    return out_p, out_s
+
+
+def _decay_and_eps(spec: dict[str, Any], opt: torch.optim.Optimizer, t: int) -> None:
+    """The two options torch's classes lack, applied around their step (see the module docstring)."""
+    with torch.no_grad():
+        for g in opt.param_groups:
+            if g.get("decoupled"):
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.mul_(1 - g["lr"] * g["decoupled"])
+            if spec.get("eps_hat") and spec["name"] in ("adam", "adamw", "nadam"):
+                g.setdefault("eps_hat_base", g["eps"])
+                g["eps"] = g["eps_hat_base"] / (1 - g["betas"][1] ** t) ** 0.5
+
+
+def run_schedulefree(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,
+                     objective: dict | None, steps: int | None) -> tuple[list[dict], list[dict]]:
+    """schedulefree.AdamWScheduleFree / SGDScheduleFree (foreach=False) in float64, train mode: the
+    parameters after each update are its y; state z, v (exp_avg_sq) and the group's k, weight_sum,
+    lr_max per parameter (every parameter must have a gradient at every update)."""
+    import schedulefree
+
+    torch.set_default_dtype(torch.float64)
+    cls = {"schedule_free_adamw": schedulefree.AdamWScheduleFree,
+           "schedule_free_sgd": schedulefree.SGDScheduleFree}[spec["name"]]
+    named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
+    groups = [{"params": [named[n] for n in ns], **o} for o, ns in _groups(spec, list(named))]
+    opt = cls(groups, **_kwargs(spec), foreach=False)
+    opt.train()
+    out_p, out_s = [], []
+    for k in range(len(grads) if grads is not None else steps):
+        for name, p in named.items():
+            if grads is not None:
+                p.grad = torch.tensor(np.asarray(grads[k][name], np.float64))
+            else:
+                c, w = (torch.tensor(np.asarray(objective[x][name], np.float64)) for x in ("center", "curvature"))
+                p.grad = (w * (p.detach() - c)).clone()
+        opt.step()
+        out_p.append({n: p.detach().numpy().copy() for n, p in named.items()})
+        state = {}
+        for g in opt.param_groups:
+            for p in g["params"]:
+                name = next(n for n, q in named.items() if q is p)
+                st = opt.state[p]
+                entry = {"step": np.asarray(g["k"]), "z": st["z"].numpy().copy(),
+                         "weight_sum": np.asarray(g["weight_sum"]), "lr_max": np.asarray(g["lr_max"])}
+                if "exp_avg_sq" in st:
+                    entry["v"] = st["exp_avg_sq"].numpy().copy()
+                state[name] = entry
         out_s.append(state)
     return out_p, out_s
 

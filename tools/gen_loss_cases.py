@@ -5,6 +5,8 @@
 Values and gradients are torch's own built-in reductions (reduction="mean"/"sum"/"none") and
 autograd, never twinstep's code. Masked cases use torch's per-element values (reduction="none")
 reduced by hand: masked sum / masked count. Inputs are rounded to 4 decimals so files stay readable.
+sigmoid_focal cases evaluate torchvision's formula in torch ops, and sample_weight cases reduce
+torch's per-element values as Keras does (both in tools/_loss_refs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from conformance import tomlio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
+from _loss_families import write_families  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "loss" / "generated"
 TORCH = f"torch {torch.__version__.split('+')[0]}"
@@ -64,22 +69,22 @@ def _plain(v: Any) -> Any:
 
 
 def case(name: str, loss: dict, fn, x, y, out: Path, *, weight=None, mask=None, dtype="float64",
-         desc: str = "", call: str = "") -> None:
+         desc: str = "", call: str = "", sample_weight=None) -> None:
     """Evaluate `fn(x_tensor)` (a torch built-in call) and write the case."""
     tdt = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     value, grad = evaluate(fn, x, tdt)
     source = f"{TORCH} {call or 'torch.nn.functional'} in {dtype}, autograd gradient (tools/gen_loss_cases.py)"
+    inputs = {"prediction": x, "target": y, "weight": weight, "mask": mask, "sample_weight": sample_weight}
     body: dict[str, Any] = {"source": source, "description": desc, "dtype": dtype, "loss": loss,
-                            "inputs": {"prediction": x, "target": y, "weight": weight, "mask": mask},
-                            "expected": {"value": value, "grad": grad}}
+                            "inputs": inputs, "expected": {"value": value, "grad": grad}}
     if dtype == "float64":
         body.pop("dtype")
     write(name, body, out)
 
 
 def masked(fn_none, mask: np.ndarray, count_w=None):
-    """Reduce torch's per-element values by hand: Σ m ℓ / Σ m c."""
-    m = torch.tensor(mask)
+    """Reduce torch's per-element values by hand: Σ m ℓ / Σ m c (torch.where selects)."""
+    m = torch.tensor(mask) != 0
 
     def f(xt):
         ell = fn_none(xt)
@@ -218,7 +223,9 @@ def main(out: Path) -> None:
         case(f"kl-log-target-{red}", {"name": "kl_div", "reduction": red, "log_target": True},
              lambda a, red=red: F.kl_div(a, T(lt), reduction=red, log_target=True), lq, lt, out,
              call=f"F.kl_div(log_target=True, reduction='{red}')")
+    write_families(out, case, masked)
     print(f"wrote {len(list(out.glob('*.toml')))} cases to {out}")
+
 
 
 if __name__ == "__main__":

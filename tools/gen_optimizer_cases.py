@@ -7,8 +7,11 @@
 Expected parameters and states come from torch.optim in float64 (torch.set_default_dtype(float64),
 so that NAdam's mu_product is float64 too) and, where torch has no built-in, from optax in float64
 (jax x64): Lion (optax.lion, equal to lucidrains/lion-pytorch) and optax's semantics (eps_root,
-optax.amsgrad, optax.adagrad, optax.rmsprop with eps inside the square root, optax.nadam); both
-references are in tools/_optimizer_refs.py. Nothing here imports ref_torch, ref_jax or the oracle:
+optax.amsgrad, optax.adagrad, optax.rmsprop with eps inside the square root, optax.nadam); from
+schedulefree's AdamWScheduleFree / SGDScheduleFree in train mode; these references are in
+tools/_optimizer_refs.py. Keras's semantics (decoupled decay on every optimizer, eps_hat, eps inside
+the root) come from Keras 3 on its JAX backend in float64 and from the goldens of Keras's own
+tests (tools/_keras_refs.py). Nothing here imports ref_torch, ref_jax or the oracle:
 the spec -> torch.optim translation is the generator's own, written from torch's constructor
 signatures. Each update's state is recorded under the neutral names of docs/contract.md §4 (`step`
 counted per parameter as torch does; for SGD and Muon, which keep no count, by counting the updates
@@ -26,7 +29,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
-from _optimizer_refs import TORCH, run_optax, run_torch  # noqa: E402
+from _keras_refs import run_keras  # noqa: E402
+from _optimizer_peer_cases import keras_quoted, torch_ema, wave2  # noqa: E402
+from _optimizer_refs import TORCH, run_optax, run_schedulefree, run_torch  # noqa: E402
 
 from conformance import tomlio  # noqa: E402
 
@@ -37,15 +42,32 @@ def _arr(x: Any) -> Any:
     return np.asarray(x, np.float64).tolist()
 
 
+REFERENCES = {"torch": run_torch, "optax": run_optax, "keras": run_keras, "schedulefree": run_schedulefree}
+NAMES = {"torch": "torch.optim", "optax": "optax", "keras": "Keras 3 (JAX backend)",
+         "schedulefree": "schedulefree (train mode: the parameters are y)"}
+
+
 def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], params: dict[str, Any],
                grads: list[dict] | None = None, objective: dict | None = None, steps: int | None = None,
-               reference: str = "torch", with_state: bool = True) -> None:
-    run = run_torch if reference == "torch" else run_optax
+               reference: str = "torch", with_state: bool = True, quoted: list | None = None,
+               tolerance: dict[str, float] | None = None, ema: dict[str, Any] | None = None) -> None:
+    """One case file; `quoted` (one {name: values} per update) replaces the reference run (a
+    golden table), with its `tolerance`; `ema` (an [ema] table) adds the EMA after each update,
+    from torch's AveragedModel over the reference trajectory, or from Keras's use_ema."""
     previous = torch.get_default_dtype()
     try:
-        out_p, out_s = run(spec, params, grads, objective, steps)
+        out_p, out_s = (quoted, None) if quoted is not None else REFERENCES[reference](spec, params, grads,
+                                                                                          objective, steps)
     finally:
         torch.set_default_dtype(previous)  # torch's float64 reference run must not leak into the caller
+    with_state = with_state and out_s is not None
+    if ema is not None:
+        previous = torch.get_default_dtype()
+        try:
+            averages = (run_keras(spec, params, grads, objective, steps, ema) if reference == "keras"
+                        else torch_ema(ema, params, out_p))
+        finally:
+            torch.set_default_dtype(previous)
     inputs: dict[str, Any] = {"params": {k: _arr(v) for k, v in params.items()}}
     if grads is not None:
         inputs["grads"] = [{k: _arr(v) for k, v in g.items()} for g in grads]
@@ -57,7 +79,10 @@ def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], para
     if with_state:
         expected["state"] = [{n: {k: (int(v) if k == "step" else _arr(v)) for k, v in e.items()} for n, e in s.items()}
                              for s in out_s]
-    head = tomlio.dumps({"id": case_id, "kind": "optimizer", "source": source, "optimizer": spec})
+    if ema is not None:
+        expected["ema"] = [{k: _arr(v) for k, v in e.items()} for e in averages]
+    head = tomlio.dumps({"id": case_id, "kind": "optimizer", "source": source, "optimizer": spec,
+                         **({"ema": ema} if ema else {}), **({"tolerance": tolerance} if tolerance else {})})
     lines = [head.rstrip(), "", "[inputs]"]
     lines += [f"{_key(k)} = {_inline(v, 0 if k != 'grads' else 1)}" for k, v in inputs.items()]
     lines += ["", "[expected]"] + [f"{_key(k)} = {_inline(v, 1)}" for k, v in expected.items()]
@@ -106,11 +131,11 @@ def bundled() -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
 
     def add(case_id: str, spec: dict[str, Any], kind: str, reference: str = "torch", n: int = 4,
-            shapes: dict[str, tuple[int, ...]] | None = None, note: str = "") -> None:
-        ref = "torch.optim" if reference == "torch" else "optax"
+            shapes: dict[str, tuple[int, ...]] | None = None, note: str = "", ema: dict | None = None) -> None:
+        ref = NAMES[reference]
         source = f"generated by tools/gen_optimizer_cases.py from {ref} in float64: {note or kind}"
         c: dict[str, Any] = {"path": None, "case_id": f"optimizer/{case_id}", "source": source, "spec": spec,
-                             "reference": reference}
+                             "reference": reference, **({"ema": ema} if ema else {})}
         if kind == "objective" and shapes:  # a quadratic over parameters of these shapes
             c.update(params=_rng_params(rng, shapes), steps=n, objective={
                 "center": _rng_params(rng, shapes), "curvature": {k: np.abs(v) for k, v in _rng_params(rng, shapes).items()}})
@@ -119,7 +144,8 @@ def bundled() -> list[dict[str, Any]]:
         else:
             shp = shapes or (NAMED if kind == "groups" else OPEN)
             first = next(iter(shp))
-            miss = {1: [first]} if reference == "torch" and kind != "groups" else None
+            every = reference in ("keras", "schedulefree") or spec.get("eps_hat")  # no per-parameter counts
+            miss = {1: [first]} if reference == "torch" and kind != "groups" and not every else None
             c.update(params=_rng_params(rng, shp), grads=_grads(rng, shp, n, miss))
         cases.append(c)
 
@@ -206,6 +232,7 @@ def bundled() -> list[dict[str, Any]]:
         n=6, note="optax.nadam: constant beta1")
     add("optax-nadamw", {"name": "nadam", "lr": 0.02, "momentum_schedule": False, "decoupled_weight_decay": True,
                          "weight_decay": 0.1}, "open", reference="optax", note="optax.nadamw")
+    wave2(add)
     for c in cases:
         c.pop("path")
         if c["reference"] == "optax" and c["spec"]["name"] in ("rmsprop", "nadam"):
@@ -285,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    cases = random_cases(args.random, args.seed) if args.random else bundled()
+    cases = random_cases(args.random, args.seed) if args.random else bundled() + keras_quoted()
     for c in cases:
         file = args.out / (c["case_id"].split("/", 1)[1] + ".toml")
         write_case(file, **c)

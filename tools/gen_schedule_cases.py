@@ -4,7 +4,9 @@
     python tools/gen_schedule_cases.py --random N [--seed S] OUT_DIR # N random cases from torch classes
 
 Expected lrs: torch.optim.lr_scheduler classes (ConstantLR, StepLR, MultiStepLR, ExponentialLR,
-CosineAnnealingLR, LinearLR, PolynomialLR, OneCycleLR, CosineAnnealingWarmRestarts, SequentialLR)
+CosineAnnealingLR, LinearLR, PolynomialLR, OneCycleLR, CosineAnnealingWarmRestarts, SequentialLR;
+ChainedScheduler, CyclicLR and ReduceLROnPlateau in tools/_schedule_peer_cases.py, with Keras's
+CosineDecayRestarts tests and optax's end values)
 in float64 on torch.optim.SGD (Adam when OneCycleLR cycles beta1), stepped after optimizer.step()
 once per update, or once every updates_per_epoch updates for unit = "epoch"; the cycled momentum is
 read from the param groups. warmup_cosine with convention "optax": optax.warmup_cosine_decay_schedule
@@ -26,6 +28,13 @@ import torch
 from torch.optim import lr_scheduler as S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
+from _schedule_peer_cases import (  # noqa: E402
+    chained_cases,
+    cyclic_cases,
+    keras_cases,
+    optax_cases,
+    plateau_cases,
+)
 from _schedule_refs import (  # noqa: E402
     Make,
     formula_values,
@@ -47,10 +56,15 @@ def optimizer_table(lr: float, groups: list[float], opt: str) -> dict[str, Any]:
 
 
 def write(out: Path, name: str, source: str, desc: str, schedule: dict[str, Any], lr: float,
-          groups: list[float], opt: str, steps: int, upe: int, expected: dict[str, Any]) -> None:
+          groups: list[float], opt: str, steps: int, upe: int, expected: dict[str, Any],
+          at: list[int] | None = None, metrics: list[float] | None = None) -> None:
     inputs: dict[str, Any] = {"steps": steps}
     if upe != 1:
         inputs["updates_per_epoch"] = upe
+    if at is not None:
+        inputs["at"] = at
+    if metrics is not None:
+        inputs["metrics"] = metrics
     case = {"id": f"schedule/{name}", "kind": "schedule", "source": source, "description": desc,
             "optimizer": optimizer_table(lr, groups, opt), "schedule": schedule, "inputs": inputs,
             "expected": expected}
@@ -58,13 +72,15 @@ def write(out: Path, name: str, source: str, desc: str, schedule: dict[str, Any]
 
 
 def torch_case(out: Path, name: str, desc: str, schedule: dict[str, Any], make: Make, steps: int,
-               lr: float = 0.1, groups: tuple[float, ...] = (), upe: int = 1, opt: str = "sgd") -> None:
+               lr: float = 0.1, groups: tuple[float, ...] = (), upe: int = 1, opt: str = "sgd",
+               metrics: list[float] | None = None, at: list[int] | None = None) -> None:
     base = [*groups, lr]
-    momentum = schedule.get("name") == "onecycle" and schedule.get("cycle_momentum", True)
-    expected = torch_values(base, make, steps, upe, opt, momentum)
-    calls = "once every updates_per_epoch updates" if upe != 1 else "once per update"
+    momentum = schedule.get("name") in ("onecycle", "cyclic") and schedule.get("cycle_momentum", True)
+    expected = torch_values(base, make, steps, upe, opt, momentum, metrics, at)
+    calls = ("with the metric observed after each update" if metrics is not None else
+             "once every updates_per_epoch updates" if upe != 1 else "once per update")
     source = f"{TORCH} torch.optim.lr_scheduler in float64, stepped {calls} (tools/gen_schedule_cases.py)"
-    write(out, name, source, desc, schedule, lr, list(groups), opt, steps, upe, expected)
+    write(out, name, source, desc, schedule, lr, list(groups), opt, steps, upe, expected, at, metrics)
 
 
 def hand_case(out: Path, name: str, desc: str, schedule: dict[str, Any], fn: Callable[[float, int], float],
@@ -101,6 +117,10 @@ def bundled_cases(out: Path) -> None:
        lambda o: S.StepLR(o, 3), 10)
     tc(out, "step-two-groups", "every group decays from its own lr", {"name": "step", "step_size": 2,
        "gamma": 0.5}, lambda o: S.StepLR(o, 2, 0.5), 9, groups=(0.02,))
+    tc(out, "step-size-49-boundaries", "StepLR(49, 0.99) over 5000 updates, on both sides of every boundary "
+       "(inputs.at): optax's staircase under a float64 count lands early at some (docs/divergences.md S-STAIRCASE)",
+       {"name": "step", "step_size": 49, "gamma": 0.99}, lambda o: S.StepLR(o, 49, 0.99), 5000,
+       at=[t for m in range(1, 103) for t in (49 * m - 1, 49 * m)])
     tc(out, "step-per-epoch", "unit = epoch: the decay comes every 2 epochs of 4 updates",
        {"name": "step", "unit": "epoch", "step_size": 2, "gamma": 0.5}, lambda o: S.StepLR(o, 2, 0.5), 20, upe=4)
     # multistep
@@ -242,6 +262,12 @@ def bundled_cases(out: Path) -> None:
                                 [3, 8]), 14, groups=(0.02,))
     tc(out, "sequential-single-part", "one part, no milestones", {"name": "sequential", "schedulers":
        [part("exponential", gamma=0.8)]}, lambda o: S.SequentialLR(o, [S.ExponentialLR(o, 0.8)], []), 6)
+    # issue 13: ChainedScheduler, CyclicLR, ReduceLROnPlateau, Keras's m_mul tests, optax's end values
+    chained_cases(out, tc)
+    cyclic_cases(out, tc)
+    plateau_cases(out, tc)
+    keras_cases(out, write)
+    optax_cases(out, write)
     # errors raised at run time (both backends, same class)
     sgd = {"name": "sgd", "lr": 0.1}
     error_case(out, "error-onecycle-shorter-than-run", "torch's OneCycleLR raises past total_steps",
@@ -255,6 +281,15 @@ def bundled_cases(out: Path) -> None:
     error_case(out, "error-max-lr-with-group-lr", "max_lr would override the group's own lr",
                {"name": "onecycle", "total_steps": 10, "max_lr": 0.2},
                {**sgd, "groups": [{"params": ["head.*"], "lr": 0.01}]}, 5, "ConfigError", "max_lr")
+    error_case(out, "error-cyclic-base-lr-with-group-lr", "base_lr would override the group's own lr",
+               {"name": "cyclic", "max_lr": 0.2, "base_lr": 0.01},
+               {**sgd, "groups": [{"params": ["head.*"], "lr": 0.01}]}, 5, "ConfigError", "base_lr")
+    error_case(out, "error-cyclic-momentum-adagrad", "torch's CyclicLR refuses an optimizer without momentum or "
+               "betas when cycle_momentum = true (its default)", {"name": "cyclic", "max_lr": 0.2},
+               {"name": "adagrad", "lr": 0.1}, 5, "ConfigError", "cycle_momentum")
+    error_case(out, "error-chained-cosine-past-t-max", "a chained cosine stops being a factor past t_max",
+               {"name": "chained", "schedulers": [{"name": "cosine", "t_max": 4}]}, sgd, 7, "ConfigError",
+               "past t_max")
 
 
 def _random_part(r: np.random.Generator, base: list[float], length: int, top: bool) -> tuple[dict, Make]:

@@ -1,8 +1,9 @@
 """Low-level file handling for checkpoints: durable writes, refusing reads, safetensors without pickle.
 
 Writes go to a new file (O_EXCL, owner-only 0o600), are flushed and fsync'ed. Reads open with
-O_NOFOLLOW, check the file's type, owner and mode on the open descriptor (no race with a swapped
-path), read the bytes once, and hand those same bytes to the hash check and then the parser.
+O_NOFOLLOW and O_NONBLOCK relative to the checkpoint directory's descriptor, check the file's type,
+owner, mode and size on the open descriptor (no race with a swapped path; a FIFO is refused, never
+waited on), read the bytes once, and hand those same bytes to the hash check and then the parser.
 Tensors are safetensors (a JSON header and raw little-endian bytes: no code runs on load).
 """
 
@@ -26,6 +27,7 @@ from conformance.errors import (
     CheckpointError,
     CheckpointRejected,
 )
+from conformance.files import open_regular, read_fd
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -89,40 +91,26 @@ def check_stat(st: os.stat_result, path: Path, kind: str) -> None:
         )
 
 
-def read_file(path: Path, limit: int | None = None) -> bytes:
-    """Read a whole file through an O_NOFOLLOW descriptor after check_stat on that descriptor."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+def read_file(path: Path, limit: int | None = None, dir_fd: int | None = None) -> bytes:
+    """Read a whole checkpoint file: no link followed, never blocking (a FIFO or a device is refused
+    at once, conformance.files), check_stat on the open descriptor, at most `limit` bytes (default:
+    the size fstat reports). With `dir_fd` the file is opened relative to that directory
+    descriptor (`path`'s last component), so no symbolic link on the way is followed."""
+    target = path.name if dir_fd is not None else path
+    fd, st = open_regular(target, follow=False, dir_fd=dir_fd, error=CheckpointRejected,
+                          missing=CheckpointCorruptError, shown=path)
     try:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            raise CheckpointRejected(f"{path} is a symbolic link; checkpoints hold only regular files")
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path} is missing") from None
-    except CheckpointRejected:
-        raise
-    except OSError as exc:
-        raise CheckpointRejected(f"{path}: cannot open ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
         check_stat(st, path, "file")
-        if limit is not None and st.st_size > limit:
-            raise CheckpointRejected(f"{path} has {st.st_size} bytes; the limit is {limit}")
-        chunks, left = [], st.st_size + 1  # one byte more than expected reveals a file still growing
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, st, st.st_size if limit is None else limit, what="file of this checkpoint",
+                       error=CheckpointRejected, shown=path)
     finally:
         os.close(fd)
 
 
-def read_verified(directory: Path, name: str, size: int, digest: str) -> bytes:
+def read_verified(directory: Path, name: str, size: int, digest: str, dir_fd: int | None = None) -> bytes:
     """The bytes of directory/name, after checking them against the manifest's size and sha256."""
     path = directory / name
-    data = read_file(path, limit=size)
+    data = read_file(path, limit=size, dir_fd=dir_fd)
     if len(data) != size:
         raise CheckpointCorruptError(f"{path} has {len(data)} bytes; the manifest says {size} (truncated or altered)")
     if sha256_hex(data) != digest:

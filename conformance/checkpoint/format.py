@@ -6,17 +6,22 @@
         rng.safetensors             "rng/<name>": generator states as uint8/uint32 tensors
         state.json                  counters, optimizer step, scheduler, loss scale, data position, RNG metadata
         config.toml                 the resolved config
+        ema.safetensors             "ema/<param>": the weights' EMA, when the run keeps one ([ema])
         manifest.json               written last: every file's size and sha256, format version,
                                     library versions, config hash, update count
 
 A save writes everything into `.tmp-…` beside the final name (each file fsync'ed, the manifest
-last), renames it into place and fsyncs the parent (reliability.md §1.9). A load checks the
-directory, every file's type, owner, mode, size and sha256 against the manifest BEFORE parsing any
-of them. Nothing is pickled. `find_latest` returns the newest checkpoint that verifies.
+last), renames it into place and fsyncs the parent (reliability.md §1.9). A load opens the directory
+without following a link and every file relative to it (never blocking: a FIFO is refused at once),
+checks each file's type, owner, mode, size and sha256 against the manifest BEFORE parsing any of
+them, and the manifest against its own hash and strict schema (manifest.py). Nothing is pickled.
+`latest.find_latest` returns the newest checkpoint that verifies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import platform
 import re
@@ -24,7 +29,7 @@ import shutil
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,27 +37,33 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from conformance.checkpoint import files as io
+from conformance.checkpoint.manifest import (
+    FILES,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    STEP_RE,
+    encode_manifest,
+    parse_manifest,
+)
 from conformance.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointRejected,
+    TwinstepWarning,
 )
 from conformance.events import Events, notify
+from conformance.files import check_entry
 
-FORMAT = "twinstep-checkpoint"
-FORMAT_VERSION = 1
-FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.toml")
-MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 1 << 20
-STEP_RE = re.compile(r"^step-(\d{8,})$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+__all__ = ["FILES", "FORMAT", "FORMAT_VERSION", "MANIFEST", "STEP_RE"]  # re-exported from manifest.py
 
 
 class TrainingState(NamedTuple):
     """Everything a checkpoint holds. `update`: updates completed. `model`: {name: array}.
     `optimizer`: {param: {state_name: array}} (neutral names). `rng`: {name: uint8/uint32 array}.
     `meta`: JSON-able counters and states (optimizer step, scheduler, loss scale, data position,
-    RNG metadata ...). `config`: the resolved config as TOML text."""
+    RNG metadata ...). `config`: the resolved config as TOML text. `ema`: the weights' EMA or None."""
 
     update: int
     model: dict[str, np.ndarray]
@@ -60,6 +71,7 @@ class TrainingState(NamedTuple):
     rng: dict[str, np.ndarray] | None = None
     meta: dict[str, Any] | None = None
     config: str = ""
+    ema: dict[str, np.ndarray] | None = None
 
 
 class Checkpoint(NamedTuple):
@@ -121,9 +133,18 @@ def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: di
     Only one process (rank 0) may save into a directory. `events` observes the stages of the save
     (conformance.events.CHECKPOINT_STAGES)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
     if state.update < 0:
         raise CheckpointError(f"checkpoint update must be >= 0; received {state.update}")
+    try:
+        return _save(directory, state, versions, val_loss, world_size, keep_last, keep_best, events)
+    except OSError as exc:  # a full disk, a read-only or vanished directory: one line naming it
+        raise CheckpointError(f"{directory}: cannot save checkpoint {step_name(state.update)} "
+                              f"({exc.strerror or exc}); the checkpoints already saved are intact") from None
+
+
+def _save(directory: Path, state: TrainingState, versions: dict[str, Any] | None, val_loss: float | None,
+          world_size: int, keep_last: int | None, keep_best: bool, events: Events | None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
     payload = {
         "model.safetensors": io.encode_tensors(state.model, "model"),
         "optimizer.safetensors": io.encode_tensors(_optimizer_tensors(state.optimizer or {}), "optimizer"),
@@ -131,6 +152,8 @@ def save_checkpoint(directory: str | Path, state: TrainingState, *, versions: di
         "state.json": io.encode_json(state.meta or {}, "checkpoint meta"),
         "config.toml": state.config.encode("utf-8"),
     }
+    if state.ema is not None:
+        payload["ema.safetensors"] = io.encode_tensors({f"ema/{k}": v for k, v in state.ema.items()}, "ema")
     final = directory / step_name(state.update)
     tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(mode=io.DIR_MODE)
@@ -152,18 +175,9 @@ def _write_all(tmp: Path, final: Path, update: int, payload: dict[str, bytes], v
         files[name] = io.write_file(tmp, name, data)
         notify(events, "checkpoint", stage="after_first_file" if i == 0 else "during_files")
     notify(events, "checkpoint", stage="before_manifest")
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "update": update,
-        "created_unix": time.time(),
-        "world_size": world_size,
-        "val_loss": None if val_loss is None or not np.isfinite(val_loss) else float(val_loss),
-        "config_sha256": io.sha256_hex(payload["config.toml"]),
-        "versions": {**library_versions(), **(versions or {})},
-        "files": files,
-    }
-    io.write_file(tmp, MANIFEST, io.encode_json(manifest, MANIFEST))
+    manifest = encode_manifest(update=update, files=files, created_unix=time.time(), world_size=world_size,
+                               val_loss=val_loss, versions={**library_versions(), **(versions or {})})
+    io.write_file(tmp, MANIFEST, manifest)
     io.fsync_dir(tmp)
     notify(events, "checkpoint", stage="after_manifest")
     _commit(tmp, final)
@@ -182,62 +196,44 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _check_manifest(manifest: Any, path: Path) -> dict[str, Any]:
-    where = path / MANIFEST
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointRejected(f"{where} is not a {FORMAT} manifest")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointCorruptError(f"{where}: format_version must be a positive integer")
-    if version > FORMAT_VERSION:
-        raise CheckpointRejected(
-            f"{where}: format_version {version} is newer than this twinstep reads ({FORMAT_VERSION})"
-        )
-    update = manifest.get("update")
-    match = STEP_RE.match(path.name)
-    if not isinstance(update, int) or isinstance(update, bool) or update < 0:
-        raise CheckpointCorruptError(f"{where}: update must be a non-negative integer")
-    if match and int(match.group(1)) != update:
-        raise CheckpointRejected(f"{where} says update {update}, but the directory is {path.name}")
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise CheckpointCorruptError(f"{where}: files must be a table of name -> size and sha256")
-    for name, entry in files.items():
-        if not _NAME_RE.match(name) or name in (".", "..") or name == MANIFEST:
-            raise CheckpointRejected(
-                f"{where} lists an unsafe file name {name!r} (paths, '..' and absolute names are refused)"
-            )
-        size, digest = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not (
-            isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)
-        ):
-            raise CheckpointCorruptError(f"{where}: entry {name!r} needs an integer size and a sha256 hex digest")
-        if name.endswith((".json", ".toml")) and size > io.MAX_JSON_BYTES:
-            raise CheckpointRejected(f"{where}: {name} claims {size} bytes; the limit is {io.MAX_JSON_BYTES}")
-    missing = [f for f in FILES if f not in files]
-    if missing:
-        raise CheckpointCorruptError(f"{where} does not list {missing[0]}")
-    return manifest
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[int]:
+    # The step directory opened without following a link: its files are then opened relative to
+    # this descriptor, so no link on the way can lead out of it.
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path} does not exist") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            io.check_stat(os.lstat(path), path, "directory")  # names what it is instead
+        raise CheckpointRejected(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        io.check_stat(os.fstat(fd), path, "directory")
+        yield fd
+    finally:
+        os.close(fd)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    st = os.lstat(path) if os.path.lexists(path) else None
-    if st is None:
-        raise CheckpointCorruptError(f"{path} does not exist")
-    io.check_stat(st, path, "directory")
-    if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
-        raise CheckpointCorruptError(f"{path / MANIFEST} is missing (an incomplete or damaged checkpoint)")
-    manifest = _check_manifest(io.decode_json(io.read_file(path / MANIFEST, MAX_MANIFEST_BYTES), path / MANIFEST), path)
+def _read_manifest(path: Path, fd: int) -> dict[str, Any]:
+    data = io.read_file(path / MANIFEST, MAX_MANIFEST_BYTES, dir_fd=fd)
+    try:
+        manifest = parse_manifest(data, path / MANIFEST, path.name)
+    except RecursionError:
+        raise CheckpointCorruptError(f"{path / MANIFEST} is nested too deeply to be a manifest") from None
     listed = set(manifest["files"]) | {MANIFEST}
-    for entry in os.scandir(path):
-        if entry.name not in listed:
-            raise CheckpointRejected(f"{path / entry.name} is not listed in the manifest")
+    for entry in sorted(os.listdir(fd)):
+        if entry not in listed:
+            raise CheckpointRejected(f"{path / entry} is not listed in the manifest")
     return manifest
 
 
 def _verified_files(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
-    manifest = _read_manifest(path)
-    data = {name: io.read_verified(path, name, e["size"], e["sha256"]) for name, e in manifest["files"].items()}
+    with _opened(path) as fd:
+        manifest = _read_manifest(path, fd)
+        data = {name: io.read_verified(path, name, e["size"], e["sha256"], dir_fd=fd)
+                for name, e in manifest["files"].items()}
     return manifest, data
 
 
@@ -264,46 +260,29 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config = data["config.toml"].decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
-    return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config))
+    ema = (_strip_prefix(io.decode_tensors(data["ema.safetensors"], path / "ema.safetensors"), "ema/",
+                         path / "ema.safetensors") if "ema.safetensors" in data else None)
+    return Checkpoint(path, manifest, TrainingState(manifest["update"], model, optimizer, rng, meta, config, ema))
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
-    """(update, path) of every step-* entry, newest first; temporary directories are not listed."""
+    """(update, path) of every step-* entry, newest first; temporary directories are not listed. A
+    `directory` that is a symbolic link or not a directory is refused (CheckpointRejected)."""
     directory = Path(directory)
-    if not directory.is_dir():
+    if not check_entry(directory, "directory", CheckpointRejected):
         return []
     found = [(int(m.group(1)), directory / e.name) for e in os.scandir(directory) if (m := STEP_RE.match(e.name))]
     return sorted(found, reverse=True)
 
 
-def find_latest(directory: str | Path, allow_fallback: bool = False,
-                on_skip: Callable[[Path, Exception], None] | None = None) -> Path | None:
-    """The newest checkpoint under `directory` that verifies, or None if there is none. If the newest
-    fails verification its error is raised, unless `allow_fallback`: then it is reported to
-    `on_skip` (default: a warning) and older ones are tried."""
-    errors: list[CheckpointError] = []
-    for _, path in list_checkpoints(directory):
-        try:
-            verify_checkpoint(path)
-            return path
-        except CheckpointError as exc:
-            if not allow_fallback:
-                raise
-            errors.append(exc)
-            (on_skip or (lambda p, e: warnings.warn(f"skipping checkpoint {p}: {e}", stacklevel=3)))(path, exc)
-    if errors:
-        raise CheckpointCorruptError(f"no checkpoint under {directory} verifies; the newest: {errors[0]}")
-    return None
-
-
 def _is_complete(path: Path) -> dict[str, Any] | None:
     # Retention's quick check: a valid manifest and every file of the listed size (no hashing).
     try:
-        manifest = _read_manifest(path)
-        for name, entry in manifest["files"].items():
-            st = os.lstat(path / name)
-            if st.st_size != entry["size"]:
-                return None
+        with _opened(path) as fd:
+            manifest = _read_manifest(path, fd)
+            for name, entry in manifest["files"].items():
+                if os.lstat(name, dir_fd=fd).st_size != entry["size"]:
+                    return None
         return manifest
     except (CheckpointError, OSError):
         return None
@@ -317,7 +296,8 @@ def _remove(path: Path, events: Events | None) -> None:
         notify(events, "checkpoint", stage="during_retention")
         shutil.rmtree(aside)
     except OSError as exc:
-        warnings.warn(f"checkpoint retention could not delete {path}: {exc}", stacklevel=3)
+        warnings.warn(f"checkpoint retention could not delete {path}: {exc.strerror or exc}", TwinstepWarning,
+                      stacklevel=3)
 
 
 def apply_retention(directory: str | Path, keep_last: int, keep_best: bool = False,
@@ -352,7 +332,11 @@ def prepare_directory(directory: str | Path) -> list[Path]:
     for replacement goes back if its replacement never arrived; other .tmp-* entries are removed.
     Call once at the start of a run, before the first save. Returns what was removed."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
+    if not check_entry(directory, "directory", CheckpointRejected):
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=io.DIR_MODE)
+        except OSError as exc:
+            raise CheckpointError(f"{directory}: cannot create ({exc.strerror})") from None
     removed = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if not entry.name.startswith(".tmp-"):

@@ -1,80 +1,84 @@
-"""`twinstep conform`: run conformance cases on the backends and report case × backend results."""
+"""`twinstep conform`: run conformance cases on backends and report case × backend results.
+
+Backends: the built-ins (torch, jax, oracle; `all`, the default), a short name registered under
+the entry-point group `twinstep.backends`, or the dotted name of any importable package with the
+built-ins' module and function names (docs/backends.md). `--list-backends` lists the names.
+Exit status: 0 when no result failed and at least one passed; 1 otherwise (a case file that could
+not be loaded is a failed result, the other files still run); 2 for a usage error (a backend that
+cannot be imported, a missing case directory).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from conformance.harness.backends import PACKAGES, get_backends
-from conformance.harness.case import load_cases
-from conformance.harness.runner import Result, run_cases, summarize
+from conformance.harness.backends import BUILTINS, available_backends, get_backends
+from conformance.harness.case import collect_cases
+from conformance.harness.ledger import read_ledger
+from conformance.harness.report import (
+    json_report,
+    junit_xml,
+    markdown_report,
+    print_rows,
+    print_summary,
+    write_atomic,
+)
+from conformance.harness.runner import broken_results, run_cases, summarize
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("conform", help="run the conformance suite (or any directory of case files)",
                        description="Run conformance cases on each backend and compare with the expected "
-                                   "values. Exits 0 only if every case passed on every backend.")
-    p.add_argument("--backend", choices=[*PACKAGES, "all"], default="all",
-                   help="which backend to run (default: all three)")
+                                   "values. Exits 0 only if no case failed and at least one passed.")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help=f"a backend to run (repeatable): {', '.join(BUILTINS)}, all (default), a name from "
+                        "--list-backends, or the dotted name of a package with the same modules (docs/backends.md)")
+    p.add_argument("--list-backends", action="store_true", help="list the backend names and where they come from")
     p.add_argument("--cases", nargs="+", action="extend", metavar="DIR",
                    help="case files or directories (default: the bundled suite)")
     p.add_argument("--only", action="append", metavar="GLOB",
                    help="only case ids matching this glob, e.g. 'loss/*' (repeatable)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (docs/contract.md §3)")
-    p.add_argument("--failures", action="store_true", help="print only the failed rows")
+    p.add_argument("--junit", metavar="PATH", help="also write JUnit XML (one testcase per case × backend)")
+    p.add_argument("--report", metavar="PATH", help="also write a Markdown case × backend matrix")
+    p.add_argument("--ledger", metavar="PATH",
+                   help="the divergence ledger the report cites (default: docs/divergences.md when present)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every case × backend row")
+    p.add_argument("--failures", action="store_true", help="print only the failed rows and the total line")
     p.set_defaults(run=run)
 
 
+def list_backends() -> int:
+    infos = available_backends()
+    width = max(len(b.name) for b in infos)
+    pw = max(len(b.package) for b in infos)
+    for b in infos:
+        print(f"{b.name:<{width}}  {b.package:<{pw}}  {b.origin}")
+    print("any other NAME: the dotted name of an importable package with the same modules (docs/backends.md)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    cases = load_cases(args.cases, args.only)
-    if not cases:
+    if args.list_backends:
+        return list_backends()
+    backends = get_backends(args.backend or "all")  # BackendError (exit 2) before any case runs
+    cases, broken = collect_cases(args.cases, args.only)
+    if not cases and not broken:
         print("twinstep: no cases matched", file=sys.stderr)
         return 1
-    results = run_cases(cases, get_backends(args.backend))
-    print_table(results, sys.stdout, failures_only=args.failures)
-    summary = summarize(results)
+    results = broken_results(broken) + run_cases(cases, backends)
+    shown = results if args.verbose else [r for r in results if r.status == "failed"]
+    print_rows(shown, sys.stdout)
+    print_summary(results, sys.stdout, table=not args.failures)
     if args.json:
-        write_json(Path(args.json), results, summary)
+        write_atomic(Path(args.json), json_report(results))
+    if args.junit:
+        write_atomic(Path(args.junit), junit_xml(results))
+    if args.report:
+        versions = {b.name: b.describe() for b in backends}
+        write_atomic(Path(args.report), markdown_report(results, read_ledger(args.ledger), versions))
+    summary = summarize(results)
     return 0 if summary["failed"] == 0 and summary["passed"] > 0 else 1
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1e}"
-
-
-def print_table(results: list[Result], out: TextIO, failures_only: bool = False) -> None:
-    width = max([len(r.case) for r in results] + [4])
-    out.write(f"{'case':<{width}}  {'backend':<7}  {'result':<6}  {'max_abs':>8}  {'max_rel':>8}  message\n")
-    for r in results:
-        if failures_only and r.passed:
-            continue
-        status = "pass" if r.passed else "FAIL"
-        out.write(f"{r.case:<{width}}  {r.backend:<7}  {status:<6}  {_fmt(r.max_abs_err):>8}  "
-                  f"{_fmt(r.max_rel_err):>8}  {r.message}\n")
-    per: dict[str, list[int]] = {}
-    for r in results:
-        per.setdefault(r.backend, [0, 0])[0 if r.passed else 1] += 1
-    parts = [f"{b}: {p} passed, {f} failed" for b, (p, f) in per.items()]
-    total = summarize(results)
-    out.write(f"\n{len({r.case for r in results})} cases; {'; '.join(parts)}; "
-              f"total {total['passed']} passed, {total['failed']} failed\n")
-
-
-def write_json(path: Path, results: list[Result], summary: dict[str, int]) -> None:
-    """Write the report atomically, so a reader never sees a half-written file."""
-    payload = {"results": [r.to_json() for r in results], "summary": summary}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1, allow_nan=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

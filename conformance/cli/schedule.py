@@ -1,6 +1,7 @@
 """`twinstep schedule CONFIG`: the learning rate a config's schedule gives every update, in short.
 
     twinstep schedule run.toml [--steps N] [--updates-per-epoch N] [--set schedule.t_max=500]
+    twinstep schedule plateau.toml --metrics val_losses.txt     # reduce_on_plateau: one value per update
 
 Prints, per parameter group, the first, peak and last lr, then the schedule's milestones (where it
 changes phase) with the lr of every group there, then how closely torch, JAX and the oracle agree.
@@ -44,6 +45,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--updates-per-epoch", type=int, metavar="N",
                    help="updates per epoch for unit = 'epoch' (default: from the data settings)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--metrics", metavar="FILE", help="reduce_on_plateau: the metric observed after each update, "
+                                                      "numbers separated by spaces, commas or newlines")
+
+
+def read_metrics(path: str | None, config: Config, steps: int) -> list[float] | None:
+    """--metrics FILE as floats (one per update), refused for schedules that observe none."""
+    if path is None:
+        return None
+    if config.schedule.name != "reduce_on_plateau":
+        raise ConfigError(f"--metrics is only read by schedule.name = 'reduce_on_plateau'; received it with "
+                          f"name = {config.schedule.name!r}")
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    words = text.replace(",", " ").split()
+    try:
+        values = [float(w) for w in words]
+    except ValueError:
+        bad = next(w for w in words if not _is_float(w))
+        raise ConfigError(f"{path}: {bad!r} is not a number (one metric per update)") from None
+    if len(values) != steps:
+        raise ConfigError(f"{path}: {len(values)} metrics for {steps} updates (one per update; set --steps)")
+    return values
+
+
+def _is_float(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve(args: argparse.Namespace) -> tuple[Config, int, int, str]:
@@ -98,6 +131,13 @@ def key_points(spec: ScheduleSpec) -> list[tuple[int, str]]:
     elif name == "wsd":
         pts += [(spec.total_steps - spec.decay_steps, f"{spec.decay_type} decay starts"),
                 (spec.total_steps, "eta_min reached and held")]
+    elif name == "cyclic":
+        period = spec.step_size_up + spec.step_size_down
+        for k in range(1000):
+            pts += [(k * period + spec.step_size_up, "cycle peak"), ((k + 1) * period, "cycle ends")]
+    elif name == "chained":
+        pts = [(s, f"part {i} ({part.name}): {what}") for i, part in enumerate(spec.schedulers)
+               for s, what in key_points(part)]
     elif name == "sequential":
         bounds = [0, *spec.milestones, None]
         for i, part in enumerate(spec.schedulers):
@@ -108,9 +148,10 @@ def key_points(spec: ScheduleSpec) -> list[tuple[int, str]]:
     return sorted(p for p in pts if p[0] > 0)
 
 
-def evaluate(config: Config, steps: int, upe: int, backends: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def evaluate(config: Config, steps: int, upe: int, backends: tuple[str, ...],
+             metrics: list[float] | None = None) -> dict[str, dict[str, Any]]:
     """schedule_values on each backend (in its numerics context); a backend that cannot be imported
-    is reported, not fatal."""
+    is reported, not fatal. `metrics`: reduce_on_plateau's observed values, one per update."""
     from conformance.harness.backends import Backend
 
     out: dict[str, dict[str, Any]] = {}
@@ -122,7 +163,8 @@ def evaluate(config: Config, steps: int, upe: int, backends: tuple[str, ...]) ->
             out[name] = {"error": str(exc)}
             continue
         with backend.context():
-            out[name] = fn(config.schedule, config.optimizer, steps, upe)
+            out[name] = fn(config.schedule, config.optimizer, steps, upe,
+                           **({"metrics": metrics} if metrics is not None else {}))
     return out
 
 
@@ -182,9 +224,10 @@ def _print_agreement(values: dict[str, dict[str, Any]], out: TextIO) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, steps, upe, where = resolve(args)
-    notes = _notes(config, steps, upe, strict=where != "--steps")
+    notes = _notes(config, steps, upe, strict=where != "--steps", metrics=args.metrics)
     backends = BACKENDS if args.backend == "all" else (args.backend,)
-    values = evaluate(config, steps, upe, backends)
+    metrics = read_metrics(args.metrics, config, steps)
+    values = evaluate(config, steps, upe, backends, metrics)
     if not any("lr" in v for v in values.values()):
         raise ConfigError("; ".join(f"{k}: {v['error']}" for k, v in values.items()))
     print_summary(config, steps, upe, where, values, sys.stdout)
@@ -193,13 +236,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _notes(config: Config, steps: int, upe: int, strict: bool) -> list[str]:
+def _notes(config: Config, steps: int, upe: int, strict: bool, metrics: Any = None) -> list[str]:
+    plateau = ["reduce_on_plateau moves only on observed metrics: without --metrics every lr holds"] \
+        if config.schedule.name == "reduce_on_plateau" and metrics is None else []
     try:
-        return check_run_length(config.schedule, steps, upe)
+        return plateau + check_run_length(config.schedule, steps, upe)
     except ConfigError as exc:
         if strict:
             raise
-        return [str(exc)]
+        return plateau + [str(exc)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,7 +255,7 @@ def _notes(config: Config, steps: int, upe: int, strict: bool) -> list[str]:
 def add_plot_parser(plots: Any) -> None:
     """Register `twinstep plot schedule` (see conformance/cli/plot.py)."""
     q = plots.add_parser("schedule", help="lr of every param group against the update, torch and JAX overlaid",
-                         description="Draw the lr (and onecycle's cycled momentum) of every parameter "
+                         description="Draw the lr (and onecycle's / cyclic's cycled momentum) of every parameter "
                                      "group against the update count, torch and JAX overlaid.")
     add_arguments(q)
     q.add_argument("-o", "--output", required=True, metavar="PATH", help="image file to write (e.g. lr.png)")
@@ -221,8 +266,8 @@ def add_plot_parser(plots: Any) -> None:
 def run_schedule_plot(args: argparse.Namespace) -> int:
     """Write the figure: lr (and cycled momentum) of every group vs update, torch and JAX overlaid."""
     config, steps, upe, where = resolve(args)
-    notes = _notes(config, steps, upe, strict=where != "--steps")
-    values = evaluate(config, steps, upe, ("torch", "jax"))
+    notes = _notes(config, steps, upe, strict=where != "--steps", metrics=args.metrics)
+    values = evaluate(config, steps, upe, ("torch", "jax"), read_metrics(args.metrics, config, steps))
     missing = [f"{k}: {v['error']}" for k, v in values.items() if "error" in v]
     if missing:
         raise ConfigError("plot schedule overlays torch and JAX; " + "; ".join(missing))

@@ -6,19 +6,33 @@
 No CONFIG = the built-in default (binary_blobs, the seeds' MLP, AdamW; seconds on a laptop CPU).
 The backend's `ref_<backend>.trainer.train(config, out_dir, resume=..., rank=..., world_size=...,
 progress=..., events=...)` does the work; this module only parses arguments and prints a summary line.
+
+A run whose last loss or final parameters are non-finite is not a success: with
+`precision.on_nonfinite = "skip"` the summary says how many updates were skipped (exit 0 when only
+the last loss is non-finite: the policy skipped those updates as asked), and non-finite final
+parameters (an update that overflowed them, lr = 1e308) are an error naming the parameter, exit 2.
+SIGTERM / SIGINT: the run saves and stops (conformance.run.preempt); the CLI prints where, exit
+143 / 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from conformance.config import load_config
-from conformance.errors import UnsupportedError
-from conformance.harness.backends import PACKAGES
+from conformance.errors import NonFiniteError, TwinstepError, UnsupportedError
 from conformance.events import Events
+from conformance.harness.backends import PACKAGES
+from conformance.run.metrics import read_metrics
 
 FRAMEWORKS = tuple(b for b in PACKAGES if b != "oracle")
 FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "optax", "flax")
@@ -59,15 +73,37 @@ def run(args: argparse.Namespace, events: Events | None = None) -> int:
     config = load_config(args.config, args.overrides)
     train = trainer(args.backend)
     result = train(config, args.out, resume=args.resume, progress=args.progress, events=events)
-    if getattr(result, "out_dir", None) is not None and _is_main():
-        where = f"; checkpoint {result.checkpoint}" if result.checkpoint else ""
-        loss = f", last loss {result.losses[-1]:.6g}" if result.losses else ""
-        print(f"twinstep: trained {result.updates_done} updates{loss}; metrics in "
-              f"{result.out_dir / 'metrics.jsonl'}{where}", file=sys.stderr)
+    if getattr(result, "out_dir", None) is None or not _is_main():
+        return 0
+    check_finite(result.params)
+    skipped = _skipped(result.out_dir / "metrics.jsonl")
+    last = result.losses[-1] if result.losses else None
+    if last is not None and not math.isfinite(last) and config.precision.on_nonfinite != "skip":
+        raise NonFiniteError(f"the run ended with a non-finite loss ({last}) at update {result.updates_done - 1}")
+    where = f"; checkpoint {result.checkpoint}" if result.checkpoint else ""
+    loss = f", last loss {last:.6g}" if last is not None else ""
+    skips = f", {skipped} of {result.updates_done} updates skipped (non-finite)" if skipped else ""
+    print(f"twinstep: trained {result.updates_done} updates{loss}{skips}; metrics in "
+          f"{result.out_dir / 'metrics.jsonl'}{where}", file=sys.stderr)
     return 0
 
 
-def _is_main() -> bool:
-    import os
+def check_finite(params: Mapping[str, Any]) -> None:
+    """Refuse a run that ends with non-finite parameters (NonFiniteError naming the first one)."""
+    for name, value in params.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
+            if not np.all(np.isfinite(arr.astype(np.float64))):
+                raise NonFiniteError(f"the run ended with non-finite parameter {name!r} (an update overflowed it: "
+                                     f"lower optimizer.lr or clip the gradients)")
 
+
+def _skipped(path: Path) -> int:
+    try:
+        return sum(1 for r in read_metrics(path) if r.get("event") == "update" and r.get("skipped"))
+    except TwinstepError:
+        return 0
+
+
+def _is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"

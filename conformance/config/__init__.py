@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ from pydantic import Field, model_validator
 
 from conformance import tomlio
 from conformance.config.accumulation import AccumulationSpec
-from conformance.config.base import Section, validate
+from conformance.config.base import Section, check_plain, validate
 from conformance.config.checkpoint import CheckpointSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.data import DataSpec
+from conformance.config.ema import EmaSpec
 from conformance.config.loss import LossSpec
 from conformance.config.model import ModelSpec
 from conformance.config.optimizer import GroupSpec, OptimizerSpec
@@ -28,9 +28,10 @@ from conformance.config.precision import PrecisionSpec
 from conformance.config.run import RunSpec
 from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError
+from conformance.files import read_regular
 
 __all__ = [
-    "AccumulationSpec", "CheckpointSpec", "ClipSpec", "Config", "DataSpec", "GroupSpec", "LossSpec",
+    "AccumulationSpec", "CheckpointSpec", "ClipSpec", "Config", "DataSpec", "EmaSpec", "GroupSpec", "LossSpec",
     "ModelSpec", "OptimizerSpec", "PrecisionSpec", "RunSpec", "ScheduleSpec", "SECTIONS",
     "apply_overrides", "dump_config", "load_config", "load_toml", "parse_value",
 ]
@@ -51,6 +52,7 @@ class Config(Section):
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run: RunSpec = Field(default_factory=RunSpec)
+    ema: EmaSpec = Field(default_factory=EmaSpec)
 
     @model_validator(mode="after")
     def _check_sections_together(self) -> "Config":
@@ -67,36 +69,34 @@ SECTIONS: dict[str, type[Section]] = {
 
 
 def load_toml(path: str | Path, error: type[Exception] = ConfigError) -> dict[str, Any]:
-    """Read a TOML file into a dict; a missing, huge or malformed file is one clear error."""
-    path = Path(path)
+    """Read a TOML file into a dict; one clear `error` line for a missing, huge, non-regular (a FIFO,
+    a device: refused at once, never read) or malformed file, or one nested too deeply."""
+    raw = read_regular(path, MAX_CONFIG_BYTES, what="config", error=error)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read ({exc.strerror})") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise error(f"{path}: {len(raw)} bytes is too large for a config (limit {MAX_CONFIG_BYTES})")
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: invalid TOML: {exc}") from None
+    return tomlio.parse(text, str(path), error)
 
 
 _BARE_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/*]*$")
 
 
 def parse_value(text: str) -> Any:
-    """Parse an override VALUE as TOML (`1e-3`, `[0.9, 0.99]`, `true`, `"adam"`); a bare word
-    that is not TOML (`adam`) is taken as a string."""
+    """Parse an override VALUE as ONE TOML value (`1e-3`, `[0.9, 0.99]`, `true`, `"adam"`); a bare
+    word that is not TOML (`adam`) is taken as a string. A line break or anything after the value
+    (`1e-3\n[run]\nseed = 5`) is refused, never parsed as more config."""
+    if "\n" in text or "\r" in text:
+        raise ConfigError(f"--set value {text!r} spans several lines; --set takes exactly one key=value")
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        parsed = tomlio.parse(f"v = {text}", error=ConfigError)
+    except ConfigError:
         if _BARE_WORD.match(text.strip()):
             return text.strip()
-        raise ConfigError(f"--set value {text!r} is not valid TOML (quote strings: '\"text\"')") from None
+        raise ConfigError(f"--set value {text!r} is not one valid TOML value (quote strings: '\"text\"')") from None
+    if set(parsed) != {"v"}:
+        raise ConfigError(f"--set value {text!r} holds more than one value; --set takes exactly one key=value")
+    return parsed["v"]
 
 
 _KEY_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
@@ -115,6 +115,16 @@ def _parse_key(key: str) -> list[str | int]:
     return parts
 
 
+def _index(node: Any, index: int, key: str, upto: str) -> None:
+    # Explain an index --set cannot follow: no list there in the config (its default is not
+    # spelled out), or a list too short.
+    if not isinstance(node, list) or not node:
+        raise ConfigError(f"--set {key}: the config does not spell out {upto} as a list, so it has no element "
+                          f"{index} to change; set the whole value instead (--set '{upto}=[...]')")
+    if index >= len(node):
+        raise ConfigError(f"--set {key}: {upto} has {len(node)} element(s); index {index} is out of range")
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Return a copy of `data` with each `section.key=VALUE` override applied."""
     out: dict[str, Any] = copy.deepcopy(dict(data))
@@ -122,28 +132,32 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
         if "=" not in item:
             raise ConfigError(f"--set {item!r} must be section.key=VALUE")
         key, _, text = item.partition("=")
-        path = _parse_key(key.strip())
+        key = key.strip()
+        path = _parse_key(key)
         node: Any = out
+        upto = ""
         for i, part in enumerate(path[:-1]):
             nxt = path[i + 1]
             if isinstance(part, int):
-                if not isinstance(node, list) or part >= len(node):
-                    raise ConfigError(f"--set {key}: index {part} is out of range")
+                _index(node, part, key, upto)
                 node = node[part]
-                continue
-            if part not in node:
-                node[part] = [] if isinstance(nxt, int) else {}
-            node = node[part]
+                upto += f"[{part}]"
+            else:
+                if not isinstance(node, dict):
+                    raise ConfigError(f"--set {key}: {upto} is a value, not a table")
+                if part not in node:
+                    node[part] = [] if isinstance(nxt, int) else {}
+                node = node[part]
+                upto += f".{part}" if upto else part
             if not isinstance(node, (dict, list)):
-                raise ConfigError(f"--set {key}: {part!r} is a value, not a table")
+                raise ConfigError(f"--set {key}: {upto} is a value, not a table or a list")
         last = path[-1]
         value = parse_value(text)
         if isinstance(last, int):
-            if not isinstance(node, list) or last >= len(node):
-                raise ConfigError(f"--set {key}: index {last} is out of range")
-            node[last] = value
-        else:
-            node[last] = value
+            _index(node, last, key, upto)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {upto} is a list, not a table")
+        node[last] = value
     return out
 
 
@@ -158,8 +172,13 @@ def load_config(
         data, where = source, ""
     else:
         data, where = load_toml(source), f"{source}: "
+    try:
+        check_plain(data)  # before anything recurses into it (a dict from Python may nest 5000 deep)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
     data = apply_overrides(data, overrides)
     try:
+        check_plain(data)
         return validate(Config, data)
     except ConfigError as exc:
         raise ConfigError(f"{where}{exc}") from None

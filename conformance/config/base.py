@@ -83,6 +83,10 @@ def _range_check(lo: float | None, hi: float | None, lo_open: bool, hi_open: boo
 
 
 def _num(x: float) -> str:
+    if x == INT64_MAX:
+        return "2^63 - 1"
+    if x == INT64_MIN:
+        return "-2^63"
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
 
 
@@ -93,8 +97,14 @@ def FloatIn(
     return Annotated[float, AfterValidator(_range_check(lo, hi, lo_open, hi_open))]
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def IntIn(lo: int | None = None, hi: int | None = None) -> Any:
-    """An integer (not a bool) constrained to a closed interval."""
+    """An integer (not a bool) constrained to a closed interval; always within int64 (what every
+    framework, NumPy and JSON reader can hold)."""
+    lo = INT64_MIN if lo is None else max(lo, INT64_MIN)
+    hi = INT64_MAX if hi is None else min(hi, INT64_MAX)
     return Annotated[int, AfterValidator(_range_check(lo, hi, False, False))]
 
 
@@ -224,6 +234,28 @@ def one_line(exc: ValidationError, model: type[BaseModel] | None = None, prefix:
     errors = exc.errors(include_url=False)
     first = describe_error(errors[0], model, prefix)
     return first if len(errors) == 1 else f"{first} [+{len(errors) - 1} more]"
+
+
+def _big(value: int) -> str:
+    return str(value) if value.bit_length() <= 256 else f"an integer of {value.bit_length()} bits"
+
+
+def check_plain(data: Any, prefix: str = "", error: type = ConfigError, max_depth: int = 32) -> None:
+    """Refuse, before validation, what no field may hold: an integer outside int64 anywhere (seed
+    2^70, a list of milestones) and nesting deeper than `max_depth` (a dict built in Python can
+    nest as deeply as a TOML bomb). Iterative: nothing here can exhaust the recursion limit."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > max_depth:
+            raise error(f"{format_loc(loc[:max_depth], prefix)} nests more than {max_depth} levels deep")
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            raise error(f"{format_loc(loc, prefix)} must fit in 64 bits (an integer in [-2^63, 2^63)); "
+                        f"received {_big(value)}")
+        if isinstance(value, Mapping):
+            stack.extend((v, (*loc, k)) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, (*loc, i)) for i, v in enumerate(value))
 
 
 def validate(model: type[BaseModel], data: Any, prefix: str = "", error: type = ConfigError) -> Any:

@@ -27,6 +27,22 @@ Semantics that torch.optim cannot express are explicit extra fields, implemented
 - `momentum_schedule` (nadam): false is optax.nadam: constant beta1, no Dozat momentum schedule.
 - `ns_dtype` (muon): torch.optim.Muon runs Newton–Schulz in bfloat16; "float32"/"float64" run it
   in that dtype (twinstep's extension, exact across backends).
+- `decoupled_weight_decay` (every optimizer whose decay torch couples: sgd, adam, rmsprop, adagrad,
+  adamax, nadam, radam): true decays as torch.optim.AdamW, Keras and optax's add_decayed_weights
+  chains do, p ← p·(1 − lr·wd) before the step with the group's lr (adagrad: not its lr_decay'ed
+  rate); false is torch's L2, g ← g + wd·p. adamw, lion, adafactor and muon always decay so.
+- `eps_hat` (adam, adamw, adamax, nadam): Keras/TensorFlow's "epsilon hat" placement. adam, adamw,
+  nadam: ε is added to the raw √v and the bias correction moves into the step size,
+  α = lr·√(1−β2ᵗ)/(1−β1ᵗ), p ← p − α·m/(√v + ε) (= torch's placement with ε/√(1−β2ᵗ)); adamax:
+  u ← max(β2·u, |g|), p ← p − lr/(1−β1ᵗ)·m/(u + ε) (ε outside the max). Not with eps_root.
+
+Schedule-free optimizers (facebookresearch `schedulefree`, its constructor names and defaults):
+`schedule_free_adamw` (AdamWScheduleFree: lr 0.0025, betas, eps, weight_decay, warmup_steps, r,
+weight_lr_power) and `schedule_free_sgd` (SGDScheduleFree: lr 1.0, momentum 0.9, ...). The
+parameters they hold during training are the gradient point y; the point to evaluate and save is
+the average x = (y − (1−β)·z)/β (conformance/oracle/optimizers.py has the equations; the trainers
+switch to x before evaluating or saving and back after, as the package's optimizer.eval() /
+train() document).
 
 Muon only updates 2-D parameters: every other parameter, and 2-D ones matched by
 `fallback_params`, is updated by `[optimizer.fallback]` (default: AdamW with torch's defaults), the
@@ -53,7 +69,8 @@ from conformance.config.base import (
 )
 
 OptimizerName = Literal[
-    "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam", "lion", "adafactor", "muon"
+    "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam", "lion", "adafactor", "muon",
+    "schedule_free_adamw", "schedule_free_sgd",
 ]
 OPTIMIZER_NAMES: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
 
@@ -63,19 +80,20 @@ MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim._muon DEFAULT_A/
 # The hyper-parameters each optimizer reads, with torch's defaults (lion: lucidrains/lion-pytorch).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0,
-            "maximize": False},
+            "maximize": False, "decoupled_weight_decay": False},
     "adam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
              "decoupled_weight_decay": False, "maximize": False, "eps_root": 0.0,
-             "amsgrad_variant": "torch"},
+             "amsgrad_variant": "torch", "eps_hat": False},
     "adamw": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 1e-2, "amsgrad": False,
-              "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch"},
+              "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch", "eps_hat": False},
     "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0,
-                "centered": False, "maximize": False, "eps_in_sqrt": False},
+                "centered": False, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False},
     "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0,
-                "eps": 1e-10, "maximize": False, "eps_in_sqrt": False},
-    "adamax": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "maximize": False},
+                "eps": 1e-10, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False},
+    "adamax": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "maximize": False,
+               "decoupled_weight_decay": False, "eps_hat": False},
     "nadam": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "momentum_decay": 4e-3,
-              "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True},
+              "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True, "eps_hat": False},
     "radam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0,
               "decoupled_weight_decay": False, "maximize": False},
     "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
@@ -84,7 +102,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "muon": {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
              "ns_coefficients": MUON_NS_COEFFICIENTS, "eps": 1e-7, "ns_steps": 5,
              "adjust_lr_fn": "original", "ns_dtype": "bfloat16"},
+    # schedulefree 1.4.1's AdamWScheduleFree / SGDScheduleFree defaults
+    "schedule_free_adamw": {"lr": 0.0025, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "warmup_steps": 0,
+                            "r": 0.0, "weight_lr_power": 2.0},
+    "schedule_free_sgd": {"lr": 1.0, "momentum": 0.9, "weight_decay": 0.0, "warmup_steps": 0, "r": 0.0,
+                          "weight_lr_power": 2.0},
 }
+
+SCHEDULE_FREE: tuple[str, ...] = ("schedule_free_adamw", "schedule_free_sgd")
+# weight decay that is p ← p·(1 − lr·wd) before the step whatever the config says
+ALWAYS_DECOUPLED: tuple[str, ...] = ("adamw", "lion", "adafactor", "muon")
 
 HYPERPARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for d in DEFAULTS.values() for k in d))
 
@@ -137,6 +164,10 @@ class _Hyper(Section):
     ns_steps: IntIn(0, 99) | None = None
     adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
     ns_dtype: Literal["bfloat16", "float32", "float64"] | None = None
+    eps_hat: bool | None = None
+    warmup_steps: IntIn(0) | None = None
+    r: NonNegative | None = None
+    weight_lr_power: NonNegative | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -237,6 +268,9 @@ class OptimizerSpec(_Hyper):
 
 def _unused(key: str, value: Any, name: str) -> str:
     users = ", ".join(USED_BY.get(key, ())) or "no optimizer"
+    if key == "decoupled_weight_decay" and name in ALWAYS_DECOUPLED:
+        return (f"is not used with name = {name!r}: its weight decay is always decoupled, p ← p·(1 − lr·wd) "
+                f"before the step (the field exists for {users}); received {value!r}")
     return f"is only used when name is {users}; received {value!r} with name = {name!r}"
 
 
@@ -259,6 +293,18 @@ def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str |
                              f"{hp.get('momentum')}, dampening = {hp.get('dampening')}")
     if name in ("adam", "adamw") and hp.get("amsgrad_variant", "torch") != "torch" and not hp.get("amsgrad"):
         fail("amsgrad_variant", f"is only used with amsgrad = true; received {hp['amsgrad_variant']!r}")
+    if hp.get("eps_hat") and hp.get("eps_root", 0.0) != 0:
+        fail("eps_hat", f"cannot be combined with eps_root = {hp['eps_root']} (two eps placements: eps_hat adds "
+                        f"eps to the raw sqrt(v), eps_root puts a term inside the root); set one of them")
+    if hp.get("eps_hat") and hp.get("amsgrad") and hp.get("amsgrad_variant", "torch") != "torch":
+        fail("eps_hat", f"is only defined with amsgrad_variant = 'torch' (Keras's AMSGrad keeps the max of the raw "
+                        f"v); received amsgrad_variant = {hp['amsgrad_variant']!r}")
+    if name == "schedule_free_adamw" and hp.get("betas", _BETAS)[0] <= 0:
+        fail("betas", f"betas[0] must be > 0 for schedule_free_adamw (the evaluation point x = (y − (1 − β1)·z)/β1, "
+                      f"schedulefree's eval()); received {list(hp['betas'])}")
+    if name == "schedule_free_sgd" and not 0.0 < hp.get("momentum", 0.9) < 1.0:
+        fail("momentum", f"must be in (0, 1) for schedule_free_sgd (schedulefree.SGDScheduleFree); "
+                         f"received {hp['momentum']}")
     if name == "nadam" and not hp.get("momentum_schedule", True) and hp.get("momentum_decay") != DEFAULTS["nadam"]["momentum_decay"]:
         fail("momentum_decay", "is not used with momentum_schedule = false (constant beta1, optax.nadam); "
                                "leave it at its default")

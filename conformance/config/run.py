@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from conformance.config.base import NonNegInt, PosInt, Section, field_error
+from conformance.config.base import IntIn, NonNegInt, PosInt, Section, field_error
+
+MAX_UPDATES = 2**31 - 1  # the JAX trainer counts updates in int32 on the device
 
 
 class RunSpec(Section):
@@ -22,11 +24,14 @@ class RunSpec(Section):
 
     `inject_nonfinite` is a testing aid: every micro-batch loss of each listed update is multiplied
     by +inf before the backward pass on every backend (conformance.run.batches.injected), so a run
-    exercises the skip / loss-scale path at known updates, as a float16 overflow would."""
+    exercises the skip / loss-scale path at known updates, as a float16 overflow would. Every listed
+    update must be one the run makes (conformance.run.preflight checks it against the planned length).
+
+    Integers are int64 (`seed` < 2^63); a run makes at most 2^31 - 1 updates (MAX_UPDATES)."""
 
     seed: NonNegInt = 0
     epochs: PosInt = 5
-    max_updates: PosInt | None = None
+    max_updates: IntIn(1, MAX_UPDATES) | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     eval_every: NonNegInt = 100
     log_every: PosInt | None = None

@@ -35,57 +35,83 @@ from conformance.config.base import (
     PosInt,
     Positive,
     Section,
-    UnitClosed,
     UnitHalfOpen,
     field_error,
 )
+from conformance.config.schedule_checks import (
+    CYCLIC_MODES,
+    MIN_START_FACTOR,
+    PLATEAU_MODES,
+    WARMUP,
+    check_spec,
+)
+
+__all__ = [  # the check constants live in schedule_checks.py; importable from here as before
+    "BETA1_OPTIMIZERS", "COMPOSITE", "CYCLED", "CYCLIC_MODES", "DEFAULTS", "MIN_START_FACTOR", "MOMENTUM_OPTIMIZERS",
+    "MONITORS", "PLATEAU", "PLATEAU_MODES", "REQUIRED", "SCHEDULE_NAMES", "ScheduleName", "ScheduleSpec", "USED_BY",
+    "WARMUP",
+]
 
 ScheduleName = Literal[
     "constant", "step", "multistep", "exponential", "cosine", "linear", "polynomial", "onecycle",
-    "cosine_restarts", "warmup_cosine", "inverse_sqrt", "wsd", "sequential",
+    "cosine_restarts", "warmup_cosine", "inverse_sqrt", "wsd", "sequential", "chained", "cyclic",
+    "reduce_on_plateau",
 ]
 SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
 
-WARMUP = ("warmup_cosine", "inverse_sqrt", "wsd")
+COMPOSITE = ("sequential", "chained")  # schedules made of [[schedule.schedulers]] parts
+CYCLED = ("onecycle", "cyclic")  # schedules that may cycle momentum / beta1
+PLATEAU = ("reduce_on_plateau",)
+MONITORS = ("val_loss", "val_accuracy")
 
 # Which schedule reads which option; setting an option another schedule would ignore is an error.
 USED_BY: dict[str, tuple[str, ...]] = {
     "step_size": ("step",),
-    "gamma": ("step", "multistep", "exponential"),
+    "gamma": ("step", "multistep", "exponential", "cyclic"),
     "milestones": ("multistep", "sequential"),
-    "factor": ("constant",),
+    "factor": ("constant", "reduce_on_plateau"),
     "start_factor": ("linear", *WARMUP),
-    "end_factor": ("linear",),
+    "end_factor": ("linear", "polynomial", "exponential", "step"),
     "total_iters": ("constant", "linear", "polynomial"),
     "power": ("polynomial",),
     "t_max": ("cosine",),
     "eta_min": ("cosine", "cosine_restarts", "warmup_cosine", "wsd"),
-    "t_0": ("cosine_restarts",), "t_mult": ("cosine_restarts",),
-    **{k: ("onecycle",) for k in ("max_lr", "pct_start", "anneal_strategy", "div_factor", "final_div_factor",
-                                 "three_phase", "cycle_momentum", "base_momentum", "max_momentum")},
+    "t_0": ("cosine_restarts",), "t_mult": ("cosine_restarts",), "m_mul": ("cosine_restarts",),
+    "max_lr": CYCLED,
+    **{k: ("onecycle",) for k in ("pct_start", "anneal_strategy", "div_factor", "final_div_factor", "three_phase")},
+    **{k: CYCLED for k in ("cycle_momentum", "base_momentum", "max_momentum")},
+    **{k: ("cyclic",) for k in ("base_lr", "step_size_up", "step_size_down", "scale_mode")},
+    "mode": ("cyclic", *PLATEAU),
+    **{k: PLATEAU for k in ("patience", "threshold", "threshold_mode", "cooldown", "min_lr", "eps", "monitor")},
     "total_steps": ("onecycle", "warmup_cosine", "wsd"),
     "warmup_steps": WARMUP,
     "convention": ("warmup_cosine",),
     "timescale": ("inverse_sqrt",),
     "decay_steps": ("wsd",), "decay_type": ("wsd",),
-    "schedulers": ("sequential",),
+    "schedulers": COMPOSITE,
 }
 
-# torch's defaults (OneCycleLR, LinearLR, ...) and twinstep's for the schedules torch lacks.
+# torch's defaults (OneCycleLR, LinearLR, CyclicLR, ReduceLROnPlateau, ...), Keras's m_mul, and
+# twinstep's for the schedules torch lacks.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "step": {"gamma": 0.1},
     "multistep": {"gamma": 0.1},
     "cosine": {"eta_min": 0.0},
     "linear": {"start_factor": 1.0 / 3, "end_factor": 1.0, "total_iters": 5},
-    "polynomial": {"total_iters": 5, "power": 1.0},
+    "polynomial": {"total_iters": 5, "power": 1.0, "end_factor": 0.0},
     "onecycle": {"pct_start": 0.3, "anneal_strategy": "cos", "div_factor": 25.0,
                  "final_div_factor": 1e4, "three_phase": False, "cycle_momentum": True,
                  "base_momentum": 0.85, "max_momentum": 0.95},
-    "cosine_restarts": {"t_mult": 1, "eta_min": 0.0},
+    "cosine_restarts": {"t_mult": 1, "eta_min": 0.0, "m_mul": 1.0},
     "warmup_cosine": {"start_factor": 0.0, "eta_min": 0.0, "convention": "optax"},
     "inverse_sqrt": {"start_factor": 0.0},
     "wsd": {"warmup_steps": 0, "start_factor": 0.0, "eta_min": 0.0, "decay_type": "linear"},
     "sequential": {"milestones": []},
+    "cyclic": {"step_size_up": 2000, "mode": "triangular", "gamma": 1.0, "cycle_momentum": True,
+               "base_momentum": 0.8, "max_momentum": 0.9},
+    "reduce_on_plateau": {"mode": "min", "factor": 0.1, "patience": 10, "threshold": 1e-4,
+                          "threshold_mode": "rel", "cooldown": 0, "min_lr": 0.0, "eps": 1e-8,
+                          "monitor": "val_loss"},
 }
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -99,11 +125,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "inverse_sqrt": ("warmup_steps",),
     "wsd": ("total_steps", "decay_steps"),
     "sequential": ("schedulers",),
+    "chained": ("schedulers",),
+    "cyclic": ("max_lr",),
 }
 
-MIN_START_FACTOR = 1e-100  # LinearLR's first ratio (1 - sf) / (total_iters·sf) must stay finite
-
-# Optimizers whose torch class cycles `momentum` or `betas[0]` under OneCycleLR(cycle_momentum).
+# Optimizers whose torch class cycles `momentum` or `betas[0]` under OneCycleLR / CyclicLR(cycle_momentum).
 MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
 BETA1_OPTIMIZERS = ("adam", "adamw", "adamax", "nadam", "radam", "lion")
 
@@ -116,14 +142,37 @@ class ScheduleSpec(Section):
     (ExponentialLR: gamma), cosine (CosineAnnealingLR: t_max, eta_min; past t_max it follows
     torch's cosine back up), linear (LinearLR), polynomial (PolynomialLR), onecycle (OneCycleLR,
     with momentum/beta1 cycling), cosine_restarts (CosineAnnealingWarmRestarts: t_0, t_mult,
-    eta_min), warmup_cosine, inverse_sqrt, wsd (see conformance/oracle/schedules.py for their
-    closed forms), sequential (SequentialLR: [[schedule.schedulers]] and milestones).
+    eta_min; Keras's CosineDecayRestarts m_mul), warmup_cosine, inverse_sqrt, wsd (see
+    conformance/oracle/schedules.py for their closed forms), sequential (SequentialLR:
+    [[schedule.schedulers]] and milestones), chained (ChainedScheduler: [[schedule.schedulers]]
+    stepped together, their factors multiply), cyclic (CyclicLR), reduce_on_plateau
+    (ReduceLROnPlateau: steps on an observed metric, not on the update count).
 
     warmup_cosine: update 0 applies lr·start_factor, update `warmup_steps` is the first to apply
     the peak lr, update `total_steps` (warm-up included) the first to apply eta_min. `convention`
     "optax" is optax.warmup_cosine_decay_schedule (eta_min held after total_steps), "torch" is
     SequentialLR([LinearLR(start_factor, 1, warmup_steps), CosineAnnealingLR(total_steps -
-    warmup_steps, eta_min)], [warmup_steps]) (the cosine climbs back after total_steps)."""
+    warmup_steps, eta_min)], [warmup_steps]) (the cosine climbs back after total_steps).
+
+    optax's forms: `start_factor` > 1 (linear and the warm-ups) starts above the peak, as
+    optax.linear_schedule(init_value > end_value) may; `end_factor` is where polynomial ends
+    (optax.polynomial_schedule(end_value = lr·end_factor); torch's PolynomialLR is 0) and the
+    bound exponential / step decay towards and then hold (optax.exponential_decay(end_value): a
+    floor for gamma < 1, a ceiling for gamma > 1).
+
+    cyclic: torch's CyclicLR. `base_lr` overrides every group's lr (as CyclicLR sets each group's
+    lr to base_lr at construction; unset = each group's own lr), the lr cycles between it and
+    `max_lr` over step_size_up + step_size_down updates; `mode` triangular | triangular2 (the
+    amplitude halves every cycle) | exp_range (amplitude × gamma^t); `scale_mode` is the one
+    torch's built-in modes force (cycle for the triangular modes, iterations for exp_range).
+    With `cycle_momentum` the momentum (or beta1) cycles inversely between max_momentum and
+    base_momentum.
+
+    reduce_on_plateau: torch's ReduceLROnPlateau (mode, factor, patience, threshold,
+    threshold_mode, cooldown, min_lr, eps). In training it observes `monitor` (val_loss or
+    val_accuracy) at every evaluation; in schedule cases `[inputs] metrics` gives the value
+    observed after each update. Its state (best, num_bad_epochs, cooldown_counter, every group's
+    lr) is checkpointed."""
 
     name: ScheduleName = "constant"
     unit: Literal["update", "epoch"] = "update"
@@ -131,14 +180,15 @@ class ScheduleSpec(Section):
     gamma: Positive | None = None
     milestones: list[PosInt] | None = None
     factor: FloatIn(0.0, 1.0, lo_open=True) | None = None
-    start_factor: UnitClosed | None = None
-    end_factor: UnitClosed | None = None
+    start_factor: NonNegative | None = None
+    end_factor: NonNegative | None = None
     total_iters: PosInt | None = None
     power: NonNegative | None = None
     t_max: PosInt | None = None
     eta_min: NonNegative | None = None
     t_0: PosInt | None = None
     t_mult: PosInt | None = None
+    m_mul: Positive | None = None
     max_lr: Positive | None = None
     total_steps: PosInt | None = None
     pct_start: FloatIn(0.0, 1.0, lo_open=True, hi_open=True) | None = None
@@ -149,6 +199,18 @@ class ScheduleSpec(Section):
     cycle_momentum: bool | None = None
     base_momentum: UnitHalfOpen | None = None
     max_momentum: UnitHalfOpen | None = None
+    base_lr: NonNegative | None = None
+    step_size_up: PosInt | None = None
+    step_size_down: PosInt | None = None
+    mode: str | None = None
+    scale_mode: Literal["cycle", "iterations"] | None = None
+    patience: NonNegInt | None = None
+    threshold: NonNegative | None = None
+    threshold_mode: Literal["rel", "abs"] | None = None
+    cooldown: NonNegInt | None = None
+    min_lr: NonNegative | None = None
+    eps: NonNegative | None = None
+    monitor: Literal["val_loss", "val_accuracy"] | None = None
     warmup_steps: NonNegInt | None = None
     convention: Literal["optax", "torch"] | None = None
     timescale: PosInt | None = None
@@ -173,9 +235,13 @@ class ScheduleSpec(Section):
         warmup = data.get("warmup_steps")
         if name == "inverse_sqrt" and isinstance(warmup, int) and warmup > 0:
             data.setdefault("timescale", warmup)
+        if name == "cyclic":
+            data.setdefault("step_size_down", data.get("step_size_up"))  # torch: None = step_size_up
+            # torch's built-in modes force their scale_mode (CyclicLR._init_scale_fn)
+            data.setdefault("scale_mode", "iterations" if data.get("mode") == "exp_range" else "cycle")
         parts = data.get("schedulers")
         if isinstance(parts, list):
-            # the parts of a sequential schedule share its unit
+            # the parts of a composite schedule share its unit
             unit = data.get("unit", "update")
             data["schedulers"] = [
                 {**p, "unit": p.get("unit", unit)} if isinstance(p, dict) else p for p in parts
@@ -188,20 +254,7 @@ class ScheduleSpec(Section):
         for key in REQUIRED.get(self.name, ()):
             if getattr(self, key) is None:
                 raise field_error(key, f"is required for name = {self.name!r}")
-        if self.name == "constant" and self.total_iters is not None and self.factor is None:
-            raise field_error("total_iters", "needs factor (torch's ConstantLR multiplies the lr "
-                                             "by factor for total_iters updates)")
-        if self.milestones is not None:
-            _check_increasing(self.milestones)
-        if self.start_factor is not None and 0 < self.start_factor < MIN_START_FACTOR:
-            raise field_error("start_factor", f"must be 0 or >= {MIN_START_FACTOR:g}: torch's recursive LinearLR "
-                                              f"divides by start_factor and overflows; received {self.start_factor!r}")
-        if self.name == "linear" and self.start_factor == 0:
-            raise field_error("start_factor", "must be in (0, 1] for linear (torch's LinearLR cannot "
-                                              "start at 0; warmup_cosine and wsd can); received 0")
-        check = _CHECKS.get(self.name)
-        if check is not None:
-            check(self)
+        check_spec(self)
         return self
 
     @property
@@ -216,89 +269,7 @@ class ScheduleSpec(Section):
         if self.name == "sequential" and self.schedulers:
             last = self.schedulers[-1].length
             return None if last is None else (self.milestones[-1] if self.milestones else 0) + last
+        if self.name == "chained" and self.schedulers:
+            lengths = [p.length for p in self.schedulers]
+            return None if None in lengths else max(lengths)  # type: ignore[type-var]
         return None
-
-
-def _check_increasing(milestones: list[int]) -> None:
-    for i in range(1, len(milestones)):
-        if milestones[i] <= milestones[i - 1]:
-            raise field_error(
-                f"milestones[{i}]",
-                f"must be greater than milestones[{i - 1}] = {milestones[i - 1]} (milestones are "
-                f"strictly increasing update counts); received {milestones[i]}",
-            )
-
-
-def _check_multistep(s: ScheduleSpec) -> None:
-    if not s.milestones:
-        raise field_error("milestones", "must list at least one update count for multistep")
-
-
-def _check_onecycle(s: ScheduleSpec) -> None:
-    total, pct = int(s.total_steps or 0), float(s.pct_start or 0.0)
-    # torch's phase ends are floats: pct*T - 1 (peak), [2*pct*T - 2], T - 1 (end)
-    if float(pct * total) - 1 <= 0:
-        raise field_error(
-            "pct_start",
-            f"times total_steps must be > 1 so that the warm-up ends after update 0 (torch divides by "
-            f"pct_start * total_steps - 1); received {pct} * {total} = {pct * total:g}",
-        )
-    if s.three_phase and float(2 * pct * total) - 2 >= total - 1:
-        raise field_error(
-            "pct_start",
-            f"is too large for three_phase: the second phase would end at update "
-            f"{2 * pct * total - 2:g}, not before the last update {total - 1}; received {pct}",
-        )
-
-
-def _check_warmup_cosine(s: ScheduleSpec) -> None:
-    if s.warmup_steps >= s.total_steps:  # type: ignore[operator]
-        raise field_error(
-            "warmup_steps",
-            f"must be less than total_steps = {s.total_steps} (the warm-up would outlast the "
-            f"schedule); received {s.warmup_steps}",
-        )
-
-
-def _check_inverse_sqrt(s: ScheduleSpec) -> None:
-    if s.timescale is None:
-        raise field_error("timescale", "is required when warmup_steps = 0 (the decay is "
-                                       "sqrt(timescale / (t - warmup_steps + timescale)))")
-
-
-def _check_wsd(s: ScheduleSpec) -> None:
-    warmup, decay, total = s.warmup_steps, s.decay_steps, s.total_steps
-    if warmup >= total:  # type: ignore[operator]
-        raise field_error("warmup_steps", f"must be less than total_steps = {total} (the warm-up "
-                                          f"would outlast the schedule); received {warmup}")
-    if warmup + decay > total:  # type: ignore[operator]
-        raise field_error("decay_steps", f"plus warmup_steps ({warmup}) must be <= total_steps = "
-                                         f"{total}; received {decay}")
-
-
-def _check_sequential(s: ScheduleSpec) -> None:
-    parts, milestones = s.schedulers or [], s.milestones or []
-    if not parts:
-        raise field_error("schedulers", "must list at least one [[schedule.schedulers]] table")
-    for i, part in enumerate(parts):
-        if part.name in ("sequential", "onecycle"):
-            why = ("torch's SequentialLR cannot restart a nested SequentialLR at a milestone"
-                   if part.name == "sequential" else
-                   "torch's OneCycleLR overwrites every group's initial lr, which the other parts use")
-            raise field_error(f"schedulers[{i}].name", f"cannot be {part.name!r} inside sequential: {why}")
-        if part.unit != s.unit:
-            raise field_error(f"schedulers[{i}].unit", f"must equal the sequential schedule's unit "
-                                                       f"{s.unit!r}; received {part.unit!r}")
-    if len(milestones) != len(parts) - 1:
-        raise field_error("milestones", f"must have one entry fewer than schedulers ({len(parts)} "
-                                        f"parts need {len(parts) - 1}); received {len(milestones)}")
-
-
-_CHECKS = {
-    "multistep": _check_multistep,
-    "onecycle": _check_onecycle,
-    "warmup_cosine": _check_warmup_cosine,
-    "inverse_sqrt": _check_inverse_sqrt,
-    "wsd": _check_wsd,
-    "sequential": _check_sequential,
-}

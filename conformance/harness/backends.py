@@ -1,8 +1,16 @@
-"""The three backends the harness runs: ref_torch, ref_jax and the NumPy float64 oracle.
+"""The backends the harness runs: the built-ins (ref_torch, ref_jax, the NumPy float64 oracle) and
+any outside package that follows the same protocol (docs/backends.md).
 
-They are twins: each exposes the same module and function names (`losses.loss_value_and_grad`,
-`optimizers.run_trajectory`, ...), taking and returning NumPy arrays. A kind plugin asks a backend
-for a function by name; a backend that lacks it makes the case fail with a message saying so.
+A backend is a Python package with the built-ins' module and function names
+(`losses.loss_value_and_grad`, `optimizers.run_trajectory`, ...), NumPy in and out. A kind plugin
+asks a backend for a function by name; one the backend lacks is `MissingFunction` (an
+UnsupportedError), which the runner reports as "unsupported: <module>.<function>".
+
+`--backend NAME` resolves, in this order: a built-in name (the twins, the oracle, or one of the
+frameworks' own built-ins in `natives/`: `torch-native`, `optax-native`, `keras`), a short name
+registered by an installed distribution under the entry-point group `twinstep.backends`
+(`name = "package.dotted.name"`), or the dotted name of any importable package. A name that resolves to nothing, or a package that
+cannot be imported, is one BackendError line naming it and the import error.
 """
 
 from __future__ import annotations
@@ -14,18 +22,44 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from conformance.errors import UnsupportedError
+from conformance.errors import BackendError, UnsupportedError
 
 PACKAGES: dict[str, str] = {"torch": "ref_torch", "jax": "ref_jax", "oracle": "conformance.oracle"}
+ALL: tuple[str, ...] = ("torch", "jax", "oracle")  # what `--backend all` (the default) runs
+# the frameworks' own built-ins (natives/, docs/backends.md "Native backends"): built-in names too, but
+# neither part of `all` nor twins (a case's `backends` list never selects them: every case is offered)
+NATIVES: dict[str, str] = {"torch-native": "natives.torch_native", "optax-native": "natives.optax_native",
+                           "keras": "natives.keras_backend"}
+BUILTINS: dict[str, str] = {**PACKAGES, **NATIVES}
+ENTRY_POINT_GROUP = "twinstep.backends"
+
+
+class MissingFunction(UnsupportedError):
+    """The harness asked a backend for a module or function it does not provide."""
+
+    def __init__(self, backend: str, what: str) -> None:
+        super().__init__(f"backend {backend} does not implement {what}")
+        self.what = what
 
 
 @dataclass(frozen=True)
 class Backend:
+    """One backend: `name` as the user wrote it, `package` the package that implements it."""
+
     name: str
+    package: str = ""  # "" = the built-in package of that name
+    origin: str = "built-in"
+
+    def __post_init__(self) -> None:
+        if not self.package:
+            if self.name not in BUILTINS:
+                raise BackendError(f"backend {self.name!r} is not a built-in backend ({', '.join(BUILTINS)})")
+            object.__setattr__(self, "package", BUILTINS[self.name])
 
     @property
-    def package(self) -> str:
-        return PACKAGES[self.name]
+    def builtin(self) -> bool:
+        return BUILTINS.get(self.name) == self.package
+
 
     def module(self, name: str) -> ModuleType:
         full = f"{self.package}.{name}"
@@ -33,29 +67,107 @@ class Backend:
             return importlib.import_module(full)
         except ModuleNotFoundError as exc:
             if exc.name in (full, self.package):
-                raise UnsupportedError(f"backend {self.name} has no module {full} yet") from None
+                raise MissingFunction(self.name, f"module {name}") from None
             raise
 
     def function(self, module: str, name: str) -> Callable[..., Any]:
-        """`module.name` of this backend, or UnsupportedError saying it is not implemented yet."""
-        fn = getattr(self.module(module), name, None)
+        """`module.name` of this backend, or MissingFunction naming it."""
+        try:
+            mod = self.module(module)
+        except MissingFunction:
+            raise MissingFunction(self.name, f"{module}.{name}") from None
+        fn = getattr(mod, name, None)
         if fn is None:
-            raise UnsupportedError(f"backend {self.name} does not implement {module}.{name} yet")
+            raise MissingFunction(self.name, f"{module}.{name}")
         return fn
 
+    def describe(self) -> dict[str, Any]:
+        """What the backend's optional `backend.describe()` reports (versions); {} without one."""
+        try:
+            fn = getattr(self.module("backend"), "describe", None)
+        except MissingFunction:
+            return {}
+        return dict(fn()) if fn is not None else {}
+
     def context(self) -> contextlib.AbstractContextManager:
-        """The backend's numerics context (e.g. JAX's 64-bit mode) for running a case."""
+        """The backend's numerics context (`backend.context()`, e.g. JAX's 64-bit mode) for a case."""
         try:
             make = getattr(self.module("backend"), "context", None)
-        except UnsupportedError:
+        except MissingFunction:
             make = None
         return make() if make is not None else contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class BackendInfo:
+    """A backend `--list-backends` shows: its name, package and where the name comes from."""
+
+    name: str
+    package: str
+    origin: str
+
+
+def registered_backends() -> dict[str, BackendInfo]:
+    """Short names registered by installed distributions under the `twinstep.backends` group."""
+    from importlib.metadata import entry_points
+
+    out: dict[str, BackendInfo] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        origin = f"entry point of {dist.name} {dist.version}" if dist is not None else "entry point"
+        out.setdefault(ep.name, BackendInfo(ep.name, ep.module, origin))
+    return out
+
+
+def available_backends() -> list[BackendInfo]:
+    """The built-ins, the native ones, then the registered names (a registered name equal to a
+    built-in is shadowed)."""
+    builtins = [BackendInfo(n, p, "built-in") for n, p in PACKAGES.items()]
+    natives = [BackendInfo(n, p, "built-in: the framework's own built-ins") for n, p in NATIVES.items()]
+    registered = [b for n, b in sorted(registered_backends().items()) if n not in BUILTINS]
+    return builtins + natives + registered
+
+
+def _import(name: str, package: str) -> None:
+    try:
+        importlib.import_module(package)
+    except Exception as exc:  # any failure of an outside package's import is one line, not a traceback
+        text = " ".join(str(exc).split())
+        what = name if name == package else f"{name} ({package})"
+        raise BackendError(f"backend {what} cannot be imported: {type(exc).__name__}: {text}") from None
+
+
+def resolve_backend(name: str) -> Backend:
+    """A built-in name, a registered short name, or the dotted name of an importable package."""
+    if name in PACKAGES:
+        return Backend(name)
+    if name in NATIVES:  # imported now, so a missing framework (keras) is one line before any case
+        _import(name, NATIVES[name])
+        return Backend(name)
+    registered = registered_backends()
+    if name in registered:
+        info = registered[name]
+        _import(name, info.package)
+        return Backend(name, info.package, info.origin)
+    if not all(part.isidentifier() for part in name.split(".")):
+        known = ", ".join([*BUILTINS, *sorted(registered)])
+        raise BackendError(f"backend {name!r} is neither a backend name ({known}, all) nor the dotted name "
+                           "of a Python package")
+    _import(name, name)
+    return Backend(name, name, "package")
+
+
 def get_backends(names: str | list[str]) -> list[Backend]:
+    """`all` (the built-ins), one name, or a list of names, resolved by resolve_backend."""
     if isinstance(names, str):
-        names = list(PACKAGES) if names == "all" else [names]
-    return [Backend(n) for n in names]
+        names = list(ALL) if names == "all" else [names]
+    out: list[Backend] = []
+    for n in names:
+        if n == "all":
+            out.extend(Backend(a) for a in ALL)
+        else:
+            out.append(resolve_backend(n))
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,13 @@ def kind_module(kind: str) -> ModuleType | None:
         raise
 
 
+def used_sections(module: ModuleType | None, kind: str) -> tuple[str, ...] | None:
+    """The config tables a kind reads: its USED_SECTIONS, else its REQUIRED_SECTIONS (None: no plugin)."""
+    if module is None:
+        return None
+    return tuple(getattr(module, "USED_SECTIONS", getattr(module, "REQUIRED_SECTIONS", ())))
+
+
 def parse_case(data: dict[str, Any], path: Path) -> Case:
     """Validate a parsed case file. Raises CaseError('<file>: <key> <problem>')."""
     where = f"{path}: "
@@ -104,11 +111,16 @@ def parse_case(data: dict[str, Any], path: Path) -> Case:
         config = _train_config(extras, where)
         sections = {name: getattr(config, name) for name in SECTIONS}
     else:
+        used = used_sections(module, header.kind)
         for name, table in extras.items():
             if name not in SECTIONS:
                 known = ", ".join(["id", "kind", "source", "description", "dtype", "backends",
                                    "inputs", "expected", "tolerance", *SECTIONS])
                 raise CaseError(f"{where}{name} is not a known key; known keys: {known}")
+            if used is not None and name not in used:
+                reads = ", ".join(f"[{n}]" for n in used) or "no config table"
+                raise CaseError(f"{where}[{name}] is not read by kind = {header.kind!r} (it reads {reads}); "
+                                "remove the table or use a kind that reads it")
             sections[name] = _validate(SECTIONS[name], table, where, prefix=name)
     raw_expected = header.expected
     if "error" in raw_expected:
@@ -175,16 +187,71 @@ def find_case_files(dirs: list[str | Path]) -> list[Path]:
     return files
 
 
-def load_cases(dirs: list[str | Path] | None = None, only: list[str] | None = None) -> list[Case]:
-    """All cases under `dirs` (default: the bundled suite), filtered by id globs, sorted by id."""
+@dataclass(frozen=True)
+class BrokenCase:
+    """A case file that could not be loaded: the file, the key at fault and why (one line)."""
+
+    path: Path
+    key: str
+    reason: str
+    id: str | None = None  # the file's id, when its header could be read
+    kind: str | None = None
+
+    @property
+    def message(self) -> str:
+        return f"{self.path}: {self.key} {self.reason}"
+
+
+_FILE_PROBLEMS = ("invalid TOML", "not UTF-8", "no such file", "cannot read")
+
+
+def broken_case(path: Path, exc: CaseError, data: dict[str, Any] | None) -> BrokenCase:
+    """Split a CaseError '<file>: <key> <reason>' into its parts."""
+    text = str(exc)
+    rest = text[len(f"{path}: "):] if text.startswith(f"{path}: ") else text
+    if rest.startswith(_FILE_PROBLEMS) or " bytes is too large" in rest:
+        key, reason = "(file)", rest
+    else:
+        key, _, reason = rest.partition(" ")
+    data = data or {}
+    case_id = data.get("id") if isinstance(data.get("id"), str) else None
+    kind = data.get("kind") if data.get("kind") in KINDS else None
+    return BrokenCase(path, key.rstrip(":"), reason, case_id, kind)
+
+
+def collect_cases(dirs: list[str | Path] | None = None, only: list[str] | None = None
+                  ) -> tuple[list[Case], list[BrokenCase]]:
+    """The cases under `dirs` (default: the bundled suite) whose id matches a glob of `only`, sorted
+    by id, and the files that could not be loaded (one BrokenCase each; a reused id is one too).
+    A broken file whose id is readable is kept only if that id matches `only`."""
     files = find_case_files(list(dirs) if dirs else [CASES_DIR])
+
+    def wanted(case_id: str | None) -> bool:
+        return not only or case_id is None or any(fnmatch.fnmatchcase(case_id, g) for g in only)
+
     cases: dict[str, Case] = {}
+    broken: list[BrokenCase] = []
     for path in files:
-        case = load_case(path)
-        if case.id in cases:
-            raise CaseError(f"{path}: id {case.id!r} is already used by {cases[case.id].path}")
+        data: dict[str, Any] | None = None
+        try:
+            data = load_toml(path, error=CaseError)
+            case = parse_case(data, path)
+            if case.id in cases:
+                raise CaseError(f"{path}: id {case.id!r} is already used by {cases[case.id].path}")
+        except CaseError as exc:
+            problem = broken_case(path, exc, data)
+            if wanted(problem.id):
+                broken.append(problem)
+            continue
         cases[case.id] = case
-    selected = [
-        c for c in cases.values() if not only or any(fnmatch.fnmatchcase(c.id, g) for g in only)
-    ]
-    return sorted(selected, key=lambda c: c.id)
+    selected = [c for c in cases.values() if wanted(c.id)]
+    return sorted(selected, key=lambda c: c.id), broken
+
+
+def load_cases(dirs: list[str | Path] | None = None, only: list[str] | None = None) -> list[Case]:
+    """All cases under `dirs` (default: the bundled suite), filtered by id globs, sorted by id.
+    Raises CaseError for the first file that cannot be loaded (collect_cases keeps going)."""
+    cases, broken = collect_cases(dirs, only)
+    if broken:
+        raise CaseError(broken[0].message)
+    return cases

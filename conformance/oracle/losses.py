@@ -10,6 +10,16 @@ c_i is 1, except for class-index targets with class weights w, where c_i = w_{y_
 weighted mean), and ignored targets (y_i = ignore_index), where ℓ_i = c_i = 0. For kl_div,
 `batchmean` divides the sum by the batch size instead. `grad` is d(value)/dx; for
 reduction = "none" it is d(Σ value)/dx.
+
+Per-sample weights s (Keras's `sample_weight`, docs/contract.md §3) multiply the element loss and
+leave the count alone: sum = Σ_i m_i s_i ℓ_i, count = Σ_i m_i c_i; s has the leading dimensions of
+ℓ's shape and is broadcast over the rest. A masked element contributes exactly 0, even where ℓ_i
+is NaN or ±inf (a mask selects, it does not multiply).
+
+-inf logits (probability 0) follow IEEE arithmetic as torch does: cross_entropy/nll are +inf where
+the target's own class is -inf (finite gradients), probability targets give NaN where a -inf class
+has q·w = 0 (0·(-inf)), and bce_with_logits is NaN at a -inf logit ((1−y)·x − log σ(x) is
+−inf + inf) with the finite gradient −y·pw.
 """
 
 from __future__ import annotations
@@ -20,7 +30,12 @@ from typing import Any
 import numpy as np
 
 from conformance.config.loss import LossSpec
-from conformance.rules.inputs import check_loss_inputs, class_dim, is_index_target
+from conformance.rules.inputs import (
+    bool_mask,
+    check_loss_inputs,
+    class_dim,
+    is_index_target,
+)
 
 GradFn = Callable[[np.ndarray], np.ndarray]  # upstream weights u (element shape) -> d(Σ u ℓ)/dx
 
@@ -62,8 +77,10 @@ def _cross_entropy(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray |
     onehot = np.eye(n_classes)[safe]
     wy = np.where(valid, wc[safe], 0.0)
     nll = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
-    smooth = -(wc * logp).sum(-1)
-    ell = np.where(valid, (1 - eps) * wy * nll + (eps / n_classes) * smooth, 0.0)
+    ell = (1 - eps) * wy * nll
+    if eps > 0:  # without smoothing torch never forms Σ_c log p_c (−inf with a −inf logit)
+        ell = ell + (eps / n_classes) * -(wc * logp).sum(-1)
+    ell = np.where(valid, ell, 0.0)
 
     def grad(u: np.ndarray) -> np.ndarray:
         # d(−log p_j)/dz_k = p_k − δ_jk
@@ -82,7 +99,7 @@ def _nll(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
     valid = y != spec.ignore_index
     safe = np.where(valid, y, 0)
     wy = np.where(valid, wc[safe], 0.0)
-    ell = -wy * np.take_along_axis(z, safe[..., None], -1)[..., 0]
+    ell = np.where(valid, -wy * np.take_along_axis(z, safe[..., None], -1)[..., 0], 0.0)
 
     def grad(u: np.ndarray) -> np.ndarray:
         return np.moveaxis(-(wy * u)[..., None] * np.eye(n_classes)[safe], -1, cdim)
@@ -92,13 +109,30 @@ def _nll(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
 
 def _bce_with_logits(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
     """ℓ = w·[(1−y)·x − (1 + (pw−1)·y)·log σ(x)]"""
-    pw = np.ones(x.shape[-1]) if spec.pos_weight is None else np.asarray(spec.pos_weight, np.float64)
+    pw = 1.0 if spec.pos_weight is None else np.asarray(spec.pos_weight, np.float64)  # broadcast as torch
     wt = np.ones_like(x) if w is None else np.broadcast_to(w, x.shape)
     coef = 1 + (pw - 1) * y
     ell = wt * ((1 - y) * x - coef * log_sigmoid(x))
     # d/dx: (1−y) − (1 + (pw−1)y)·σ(−x), since d log σ(x)/dx = σ(−x)
     dx = wt * ((1 - y) - coef * np.exp(log_sigmoid(-x)))
     return ell, np.ones(x.shape), lambda u: dx * u
+
+
+def _sigmoid_focal(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
+    """torchvision's sigmoid_focal_loss: ℓ = w·α_t·m^γ·ce, with ce = (1−y)·x − log σ(x) (bce),
+    m = 1 − p_t = y·σ(−x) + (1−y)·σ(x), α_t = α·y + (1−α)(1−y) (α = −1: α_t = 1).
+    dℓ/dx = w·α_t·[(σ(x) − y)·m^γ + γ·m^(γ−1)·(1 − 2y)·σ(x)σ(−x)·ce]."""
+    a, g = spec.alpha, spec.gamma
+    ls = log_sigmoid(x)
+    p, q = np.exp(ls), np.exp(log_sigmoid(-x))
+    ce = (1 - y) * x - ls
+    m = y * q + (1 - y) * p
+    f = m**g  # 0^0 = 1
+    at = np.ones_like(x) if a < 0 else a * y + (1 - a) * (1 - y)
+    wt = at if w is None else at * np.broadcast_to(w, x.shape)
+    dm = np.where(m > 0, g * m ** (g - 1), 0.0) if g > 0 else np.zeros_like(x)
+    dx = wt * ((p - y) * f + dm * (1 - 2 * y) * p * q * ce)
+    return wt * ce * f, np.ones(x.shape), lambda u: dx * u
 
 
 def _regression(spec: LossSpec, x: np.ndarray, y: np.ndarray):
@@ -144,6 +178,8 @@ def elementwise(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | No
         return _nll(spec, x, y, w)
     if spec.name == "bce_with_logits":
         return _bce_with_logits(spec, x, y, w)
+    if spec.name == "sigmoid_focal":
+        return _sigmoid_focal(spec, x, y, w)
     if spec.name == "kl_div":
         return _kl_div(spec, x, y)
     return _regression(spec, x, y)
@@ -155,27 +191,38 @@ def loss_value_and_grad(
     target: np.ndarray,
     weight: np.ndarray | None = None,
     mask: np.ndarray | None = None,
+    sample_weight: np.ndarray | None = None,
     dtype: str = "float64",
 ) -> dict[str, Any]:
     """Evaluate a loss on NumPy inputs: {"value", "grad", "sum", "count"} (float64 arrays).
 
     `dtype` is accepted for symmetry with the framework backends; the oracle always computes in
     float64 (on inputs the harness has already rounded to `dtype`)."""
-    check_loss_inputs(spec, prediction, target, weight, mask)
+    check_loss_inputs(spec, prediction, target, weight, mask, sample_weight)
     x = np.asarray(prediction, np.float64)
     y = target if np.issubdtype(target.dtype, np.integer) else np.asarray(target, np.float64)
     w = weight if weight is not None else (None if spec.weight is None else np.asarray(spec.weight))
     w = None if w is None else np.asarray(w, np.float64)
-    ell, c, grad_fn = elementwise(spec, x, y, w)
-    m = np.ones(ell.shape) if mask is None else mask.astype(np.float64)
-    total = float((m * ell).sum())
-    count = float((m * c).sum())
-    if spec.reduction == "batchmean":
-        count = float(x.shape[0]) if x.ndim >= 1 else 1.0
-    if spec.reduction == "none":
-        value, upstream = m * ell, m
-    elif spec.reduction == "sum":
-        value, upstream = np.asarray(total), m
-    else:
-        value, upstream = np.asarray(total / count), m / count
-    return {"value": np.asarray(value), "grad": grad_fn(upstream), "sum": total, "count": count}
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # -inf logits: IEEE, as torch
+        ell, c, grad_fn = elementwise(spec, x, y, w)
+        m = np.ones(ell.shape, bool) if mask is None else bool_mask(mask)
+        if sample_weight is not None:
+            s = np.asarray(sample_weight, np.float64)
+            s = s.reshape(s.shape + (1,) * (ell.ndim - s.ndim))
+            ell = s * ell
+        else:
+            s = np.ones(())
+        picked = np.where(m, ell, 0.0)  # a mask selects: 0 even where ℓ is NaN
+        total = float(picked.sum())
+        count = float(np.where(m, c, 0.0).sum())
+        if spec.reduction == "batchmean":
+            count = float(x.shape[0]) if x.ndim >= 1 else 1.0
+        upstream = np.where(m, s, 0.0)
+        if spec.reduction == "none":
+            value = picked
+        elif spec.reduction == "sum":
+            value = np.asarray(total)
+        else:
+            value, upstream = np.asarray(total / count), upstream / count
+        grad = grad_fn(upstream)
+    return {"value": np.asarray(value), "grad": grad, "sum": total, "count": count}

@@ -2,7 +2,8 @@
 
 Notation: p parameter, g gradient, t the parameter's update count after this update (1, 2, ...),
 lr, wd (weight_decay), β1, β2 (betas), ε (eps). Every update starts with g ← −g when maximize;
-"coupled" weight decay is g ← g + wd·p, "decoupled" is p ← p·(1 − lr·wd) before the step.
+"coupled" weight decay is g ← g + wd·p, "decoupled" (adamw, lion, adafactor, muon, and any
+optimizer with decoupled_weight_decay) is p ← p·(1 − lr·wd) before the step, lr the group's lr.
 
     sgd      b ← g on the first update, else μ·b + (1 − dampening)·g;  d = g + μ·b (nesterov) or b;
              p ← p − lr·d                                          (μ = 0: d = g, no buffer)
@@ -10,14 +11,17 @@ lr, wd (weight_decay), β1, β2 (betas), ε (eps). Every update starts with g �
              max(v_max, v), v̂ = v_max/(1−β2ᵗ); "optax": v_hat_max ← max(v_hat_max, v/(1−β2ᵗ));
              "optax_raw": v_max ← max(v_max, v), v̂ = v_max];
              p ← p − lr/(1−β1ᵗ) · m / (√(v̂ + eps_root) + ε)        (adamw: decoupled decay)
+             eps_hat (Keras): p ← p − lr·√(1−β2ᵗ)/(1−β1ᵗ) · m / (√v' + ε), v' = v or v_max
     rmsprop  v ← α·v + (1−α)·g²;  centered: ḡ ← α·ḡ + (1−α)·g, v' = v − ḡ²;  s = √v' + ε
              (eps_in_sqrt: √(v' + ε));  μ > 0: b ← μ·b + g/s, p ← p − lr·b;  else p ← p − lr·g/s
     adagrad  S ← S + g²;  p ← p − lr/(1 + (t−1)·lr_decay) · g/(√S + ε)
              (eps_in_sqrt, optax: g/√(S + ε), and 0 where S = 0);  S starts at initial_accumulator_value
     adamax   m ← β1·m + (1−β1)·g;  u ← max(β2·u, |g| + ε);  p ← p − lr/(1−β1ᵗ) · m/u
+             eps_hat (Keras): u ← max(β2·u, |g|);  p ← p − lr/(1−β1ᵗ) · m/(u + ε)
     nadam    μ_t = β1·(1 − ½·0.96^(t·momentum_decay)) (momentum_schedule = false: μ_t = β1);
              Π ← Π·μ_t;  m, v as adam;  s = √(v/(1−β2ᵗ)) + ε;
              p ← p − lr·(1−μ_t)/(1−Π)·g/s − lr·μ_{t+1}/(1−Π·μ_{t+1})·m/s
+             (eps_hat: s = (√v + ε)/√(1−β2ᵗ), i.e. ε on the raw √v)
     radam    m, v as adam;  ρ∞ = 2/(1−β2) − 1;  ρ_t = ρ∞ − 2t·β2ᵗ/(1−β2ᵗ);  m̂ = m/(1−β1ᵗ);
              ρ_t > 5: r = √((ρ_t−4)(ρ_t−2)ρ∞ / ((ρ∞−4)(ρ∞−2)ρ_t)), p ← p − lr·m̂·r·√(1−β2ᵗ)/(√v + ε);
              else p ← p − lr·m̂
@@ -30,6 +34,14 @@ lr, wd (weight_decay), β1, β2 (betas), ε (eps). Every update starts with g �
              ns_dtype: X ← X/max(‖X‖_F, ε), then ns_steps × X ← aX + (bA + cA²)X with A = XXᵀ, on the
              wide orientation);  p ← p·(1 − lr·wd) − lr·s·O,  s = √max(1, rows/cols) ("original")
              or 0.2·√max(rows, cols) ("match_rms_adamw")
+    schedule_free_adamw, schedule_free_sgd (schedulefree's AdamWScheduleFree / SGDScheduleFree; the
+             parameter is the gradient point y, z starts at the first p; β = β1 or momentum):
+             lr_t = lr·min(1, t/warmup_steps);  lr_max ← max(lr_max, lr_t);
+             w = t^r · lr_max^weight_lr_power;  weight_sum ← weight_sum + w;  c = w/weight_sum (0 if 0);
+             u = g/(√(v/(1−β2ᵗ)) + ε) with v ← β2·v + (1−β2)·g² (adamw) or u = g (sgd);  u ← u + wd·y;
+             y ← y + c·(z − y) + lr_t·(β·(1−c) − 1)·u;  z ← z − lr_t·u
+             (the reference's x ← (1−c)·x + c·z, y = β·x + (1−β)·z with x kept implicit: the
+             evaluation point is x = (y − (1−β)·z)/β, eval_point)
 
 A parameter without a gradient in an update is not updated and its state (including t) is left as
 it was; a parameter's state is created at its first update, as torch does. Zero-size parameters
@@ -43,7 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from conformance.config.optimizer import OptimizerSpec
+from conformance.config.ema import EmaSpec
+from conformance.config.optimizer import ALWAYS_DECOUPLED, SCHEDULE_FREE, OptimizerSpec
+from conformance.oracle.ema import update_ema
 from conformance.rules.groups import group_of, resolve_groups
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
 
@@ -60,6 +74,11 @@ def init_state(optimizer: str, hp: Mapping[str, Any], p: np.ndarray) -> State:
     """The state a parameter gets at its first update (neutral names, docs/contract.md §4)."""
     z = np.zeros_like(p)
     s: State = {"step": np.asarray(0, np.int64)}
+    if optimizer in SCHEDULE_FREE:
+        s.update(z=p.copy(), weight_sum=np.asarray(0.0), lr_max=np.asarray(0.0))
+        if optimizer == "schedule_free_adamw":
+            s["v"] = z.copy()
+        return s
     if optimizer in ("sgd", "muon"):
         return s  # the momentum buffer is created by the first update
     if optimizer == "rmsprop":
@@ -97,9 +116,11 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
     s["step"] = np.asarray(t, np.int64)
     lr, wd = hp["lr"], hp["weight_decay"]
     g = -g if hp.get("maximize") else g
-    decoupled = optimizer in ("adamw", "lion", "adafactor", "muon") or hp.get("decoupled_weight_decay", False)
+    decoupled = optimizer in ALWAYS_DECOUPLED or hp.get("decoupled_weight_decay", False)
     if optimizer == "adafactor":
         return _adafactor(hp, p, g, s, t, dtype)
+    if optimizer in SCHEDULE_FREE:
+        return _schedule_free(optimizer, hp, p, g, s, t), s
     if decoupled:
         p = p * (1 - lr * wd)
     else:
@@ -143,6 +164,9 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
     eps = hp["eps"]
     s["m"] = b1 * s["m"] + (1 - b1) * g
     if optimizer == "adamax":
+        if hp["eps_hat"]:
+            s["u"] = np.maximum(b2 * s["u"], np.abs(g))
+            return p - lr / (1 - b1 ** t) * s["m"] / (s["u"] + eps), s
         s["u"] = np.maximum(b2 * s["u"], np.abs(g) + eps)
         return p - lr / (1 - b1 ** t) * s["m"] / s["u"], s
     s["v"] = b2 * s["v"] + (1 - b2) * g * g
@@ -166,6 +190,9 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
         else:
             s["v_max"] = np.maximum(s["v_max"], s["v"])
             v_hat = s["v_max"] / bc2 if variant == "torch" else s["v_max"]
+    if hp["eps_hat"]:
+        second = s["v_max"] if hp["amsgrad"] else s["v"]
+        return p - lr * np.sqrt(bc2) / bc1 * s["m"] / (np.sqrt(second) + eps), s
     return p - lr / bc1 * s["m"] / (np.sqrt(v_hat + hp["eps_root"]) + eps), s
 
 
@@ -179,6 +206,8 @@ def _nadam(hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t: int
     prod = float(s["mu_product"]) * mu
     s["mu_product"] = np.asarray(prod)
     denom = np.sqrt(s["v"] / bc2) + hp["eps"]
+    if hp["eps_hat"]:
+        denom = (np.sqrt(s["v"]) + hp["eps"]) / np.sqrt(bc2)
     lr = hp["lr"]
     return p - lr * (1 - mu) / (1 - prod) * g / denom - lr * mu_next / (1 - prod * mu_next) * s["m"] / denom
 
@@ -200,6 +229,32 @@ def _adafactor(hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t:
     u = g / np.sqrt(np.maximum(var, eps1 * eps1))
     denom = max(1.0, np.sqrt(np.sum(u * u)) / (np.sqrt(u.size) * hp["d"]))
     return p - alpha / denom * u, s
+
+
+def _schedule_free(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t: int) -> np.ndarray:
+    warmup = hp["warmup_steps"]
+    lr = hp["lr"] * (t / warmup if t - 1 < warmup else 1.0)
+    lr_max = max(float(s["lr_max"]), lr)
+    weight = float(t) ** hp["r"] * lr_max ** hp["weight_lr_power"]
+    weight_sum = float(s["weight_sum"]) + weight
+    c = weight / weight_sum if weight_sum != 0 else 0.0
+    s["lr_max"], s["weight_sum"] = np.asarray(lr_max), np.asarray(weight_sum)
+    if optimizer == "schedule_free_adamw":
+        beta, b2 = hp["betas"]
+        s["v"] = b2 * s["v"] + (1 - b2) * g * g
+        u = g / (np.sqrt(s["v"] / (1 - b2 ** t)) + hp["eps"])
+    else:
+        beta, u = hp["momentum"], g
+    u = u + hp["weight_decay"] * p  # the decay is taken at y, the parameter in training
+    y = p + c * (s["z"] - p) + lr * (beta * (1 - c) - 1) * u
+    s["z"] = s["z"] - lr * u
+    return y
+
+
+def eval_point(optimizer: str, hp: Mapping[str, Any], y: np.ndarray, s: State) -> np.ndarray:
+    """Schedule-free: the evaluation point x = (y − (1−β)·z)/β of a parameter at y with state s."""
+    beta = hp["betas"][0] if optimizer == "schedule_free_adamw" else hp["momentum"]
+    return (y - (1 - beta) * s["z"]) / beta
 
 
 def newton_schulz(x: np.ndarray, coefficients: tuple[float, float, float], steps: int, eps: float,
@@ -253,9 +308,11 @@ def run_trajectory(
     steps: int | None = None,
     dtype: str = "float64",
     state: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    ema: EmaSpec | None = None,
 ) -> dict[str, Any]:
     """Run `spec` on NumPy parameters: {"params": [after update 0, 1, ...], "state": [neutral
-    state after each update]}. Gradients are given per update (a parameter missing from an
+    state after each update], "ema": [the weights' EMA after each update, None before it starts]
+    (with `ema`, an [ema] spec)}. Gradients are given per update (a parameter missing from an
     update's table has no gradient there) or come from `objective` (quadratic) for `steps`
     updates; `state` is a neutral state ({param: {name: array}}) to start from."""
     n = check_trajectory_inputs(spec, params, grads, objective, steps, state)
@@ -264,7 +321,7 @@ def run_trajectory(
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
     states: dict[str, State] = {k: {n_: np.asarray(a, np.float64) if n_ != "step" else np.asarray(a, np.int64)
                                     for n_, a in v.items()} for k, v in (state or {}).items()}
-    out_params, out_state = [], []
+    out_params, out_state, out_ema, average = [], [], [], None
     for k in range(n):
         gk = grads[k] if grads is not None else objective_grads(objective, p)
         for name, g in gk.items():
@@ -278,4 +335,7 @@ def run_trajectory(
                                            np.asarray(g, np.float64), st, dtype)
         out_params.append({name: v.copy() for name, v in p.items()})
         out_state.append({name: {n_: a.copy() for n_, a in st.items()} for name, st in states.items()})
-    return {"params": out_params, "state": out_state}
+        if ema is not None and ema.enabled:
+            average = update_ema(ema, average, p, k)
+            out_ema.append(None if average is None else {name: v.copy() for name, v in average.items()})
+    return {"params": out_params, "state": out_state, "ema": out_ema}

@@ -5,20 +5,22 @@ step: s = t for unit = "update", s = t // updates_per_epoch for unit = "epoch". 
 the value at s (docs/contract.md §2). W = warmup_steps, T = total_steps, η = eta_min, sf = start_factor.
 
     constant        b; with factor f: b·f for s < total_iters, then b             (ConstantLR)
-    step            b·γ^⌊s / step_size⌋                                             (StepLR)
+    step            b·γ^⌊s / step_size⌋; with end_factor e: b·max(γ^⌊s/k⌋, e) (γ < 1) or
+                    b·min(γ^⌊s/k⌋, e) (γ > 1), optax's end_value                     (StepLR)
     multistep       b·γ^(number of milestones <= s)                                 (MultiStepLR)
-    exponential     b·γ^s                                                           (ExponentialLR)
+    exponential     b·γ^s; with end_factor e bounded as step is                     (ExponentialLR)
     cosine          η + (b − η)·(1 + cos(π s / t_max))/2, for every s: past t_max it climbs back
                     to b at 2·t_max, as torch's CosineAnnealingLR does                (CosineAnnealingLR)
-    linear          b·(sf + (ef − sf)·min(s, n)/n), n = total_iters                 (LinearLR)
-    polynomial      b·(1 − min(s, n)/n)^power                                      (PolynomialLR)
+    linear          b·(sf + (ef − sf)·min(s, n)/n), n = total_iters; sf, ef may exceed 1 (LinearLR)
+    polynomial      b·(ef + (1 − ef)·(1 − min(s, n)/n)^power), ef = end_factor (torch: 0) (PolynomialLR)
     onecycle        torch's OneCycleLR: phases ending at the (float) steps pct·T − 1 [, 2·pct·T − 2]
                     and T − 1; in each, value = anneal(start, end, (s − s0)/(s1 − s0)) with
                     cos: end + (start − end)(1 + cos(π·pct))/2, linear: start + (end − start)·pct;
                     lr: b/div → b → b/(div·final_div) (three-phase: → b/div → b/(div·final_div));
                     momentum: max → base → max (three-phase: max → base → max → max)
-    cosine_restarts η + (b − η)(1 + cos(π T_cur / T_i))/2, T_i = t_0·t_mult^i, T_cur = s − start of
-                    cycle i (restarts for ever, exact integer cycle arithmetic)  (CosineAnnealingWarmRestarts)
+    cosine_restarts η + (b − η)·m^i·(1 + cos(π T_cur / T_i))/2, T_i = t_0·t_mult^i, T_cur = s − start
+                    of cycle i, m = m_mul (Keras's CosineDecayRestarts; torch: 1) (restarts for ever,
+                    exact integer cycle arithmetic)                        (CosineAnnealingWarmRestarts)
     warmup_cosine   s <= W: b·(sf + (1 − sf)·s/W); s >= W: η + (b − η)(1 + cos(π u/(T − W)))/2 with
                     u = s − W; convention "optax" holds η from s = T on (u <= T − W), "torch" keeps
                     following the cosine. Update W is the first to use the peak lr b.
@@ -27,6 +29,19 @@ the value at s (docs/contract.md §2). W = warmup_steps, T = total_steps, η = e
                     η + (b − η)·shape(p), shape = 1 − p | (1 + cos πp)/2 | 1 − sqrt(p); η from s = T on
     sequential      part i = number of milestones <= s, run at s − milestones[i−1] (a part restarts
                     from its own step 0 at its milestone, as in torch's SequentialLR)
+    chained         b·Π_i f_i(s), f_i = part i for a base lr of 1 (torch's ChainedScheduler: each
+                    chainable part multiplies the current lr by its own ratio)
+    cyclic          torch's CyclicLR with U = step_size_up, D = step_size_down, a = base_lr (or b):
+                    c = ⌊1 + s/(U + D)⌋, x = 1 + s/(U + D) − c, r = U/(U + D),
+                    h = x/r if x <= r else (x − 1)/(r − 1), lr = a + (max_lr − a)·h·g with
+                    g = 1 (triangular), 1/2^(c − 1) (triangular2), γ^s (exp_range);
+                    momentum: max_momentum − (max_momentum − base_momentum)·h·g
+    reduce_on_plateau  lr_g starts at b; after update t the metric m_t is observed: better when
+                    m_t < best·(1 − θ) (min, rel), < best − θ (min, abs), > best·(1 + θ) (max, rel),
+                    > best + θ (max, abs), best starting at ±inf; better: best = m_t, bad = 0,
+                    else bad += 1; in cooldown: cooldown −= 1, bad = 0; if bad > patience:
+                    lr_g = max(lr_g·factor, min_lr) where that lowers lr_g by more than eps,
+                    cooldown = cooldown steps, bad = 0                    (ReduceLROnPlateau)
 """
 
 from __future__ import annotations
@@ -39,9 +54,11 @@ import numpy as np
 from conformance.config.schedule import ScheduleSpec
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import (
+    check_metrics,
     check_schedule,
     cycled_hyperparameter,
     onecycle_phases,
+    spots,
     start_lrs,
 )
 
@@ -79,7 +96,7 @@ def _restarts(spec: ScheduleSpec, b: float) -> Fn:
 
     def fn(s: np.ndarray) -> np.ndarray:
         if mult == 1:
-            t_cur, t_i = s % t0, np.full(s.shape, t0)
+            i, t_cur, t_i = s // t0, s % t0, np.full(s.shape, t0)
         else:
             starts, lengths = [0], [t0]
             while starts[-1] <= s.max(initial=0):
@@ -87,9 +104,30 @@ def _restarts(spec: ScheduleSpec, b: float) -> Fn:
                 lengths.append(lengths[-1] * mult)
             i = np.searchsorted(np.asarray(starts), s, side="right") - 1
             t_cur, t_i = s - np.asarray(starts)[i], np.asarray(lengths)[i]
-        return eta + (b - eta) * (1 + np.cos(np.pi * t_cur / t_i)) / 2
+        return eta + (b - eta) * spec.m_mul ** i * (1 + np.cos(np.pi * t_cur / t_i)) / 2
 
     return fn
+
+
+def _bounded(gamma: float, end: float | None, value: np.ndarray) -> np.ndarray:
+    # optax's end_value: a floor for a decay (gamma < 1), a ceiling for a growth
+    if end is None:
+        return value
+    return np.maximum(value, end) if gamma < 1 else np.minimum(value, end)
+
+
+def _cyclic_height(spec: ScheduleSpec, s: np.ndarray) -> np.ndarray:
+    """torch's CyclicLR: the fraction h·g of the amplitude at schedule step s."""
+    total = float(spec.step_size_up + spec.step_size_down)
+    ratio = spec.step_size_up / total
+    cycle = np.floor(1 + s / total)
+    x = 1.0 + s / total - cycle
+    h = np.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
+    if spec.mode == "triangular":
+        return h
+    if spec.mode == "triangular2":
+        return h * (1 / (2.0 ** (cycle - 1)))
+    return h * spec.gamma ** s.astype(np.float64)
 
 
 def _anneal(kind: str, start: float, end: float, pct: np.ndarray) -> np.ndarray:
@@ -139,19 +177,19 @@ def lr_function(spec: ScheduleSpec, b: float) -> Fn:
             return lambda s: np.full(s.shape, b)
         return lambda s: np.where(s < spec.total_iters, b * spec.factor, b)
     if name == "step":
-        return lambda s: b * spec.gamma ** (s // spec.step_size)
+        return lambda s: b * _bounded(spec.gamma, spec.end_factor, spec.gamma ** (s // spec.step_size))
     if name == "multistep":
         return lambda s: b * spec.gamma ** np.searchsorted(np.asarray(spec.milestones), s, side="right")
     if name == "exponential":
-        return lambda s: b * spec.gamma ** s
+        return lambda s: b * _bounded(spec.gamma, spec.end_factor, spec.gamma ** s.astype(np.float64))
     if name == "cosine":
         return _cosine(b, spec.eta_min, spec.t_max)
     if name == "linear":
         n, sf, ef = spec.total_iters, spec.start_factor, spec.end_factor
         return lambda s: b * (sf + (ef - sf) * np.minimum(s, n) / n)
     if name == "polynomial":
-        n = spec.total_iters
-        return lambda s: b * (1.0 - np.minimum(s, n) / n) ** spec.power
+        n, ef = spec.total_iters, spec.end_factor
+        return lambda s: b * (ef + (1.0 - ef) * (1.0 - np.minimum(s, n) / n) ** spec.power)
     if name == "onecycle":
         return _onecycle(spec, onecycle_phases(spec, b))
     if name == "cosine_restarts":
@@ -167,6 +205,13 @@ def lr_function(spec: ScheduleSpec, b: float) -> Fn:
     if name == "sequential":
         parts = [lr_function(p, b) for p in spec.schedulers]
         return _sequential(parts, spec.milestones)
+    if name == "chained":
+        factors = [lr_function(p, 1.0) for p in spec.schedulers]
+        return lambda s: b * np.prod([np.broadcast_to(f(s), s.shape) for f in factors], axis=0)
+    if name == "cyclic":
+        return lambda s: b + (spec.max_lr - b) * _cyclic_height(spec, s)
+    if name == "reduce_on_plateau":
+        return lambda s: np.full(s.shape, b)  # between observations the lr holds (plateau_lrs)
     raise ValueError(f"unknown schedule {name!r}")
 
 
@@ -184,19 +229,59 @@ def _sequential(parts: list[Fn], milestones: list[int]) -> Fn:
 
 
 def momentum_function(spec: ScheduleSpec) -> Fn:
-    """onecycle's cycled momentum (or beta1) as a function of the schedule step s."""
+    """onecycle's / cyclic's cycled momentum (or beta1) as a function of the schedule step s."""
+    if spec.name == "cyclic":
+        hi, lo = spec.max_momentum, spec.base_momentum
+        return lambda s: hi - (hi - lo) * _cyclic_height(spec, s)
     return _onecycle(spec, onecycle_phases(spec, 1.0, momentum=True))
 
 
+def _better(spec: ScheduleSpec, a: float, best: float) -> bool:
+    if spec.mode == "min":
+        return a < (best * (1 - spec.threshold) if spec.threshold_mode == "rel" else best - spec.threshold)
+    return a > (best * (1 + spec.threshold) if spec.threshold_mode == "rel" else best + spec.threshold)
+
+
+def plateau_lrs(spec: ScheduleSpec, base: list[float], metrics: np.ndarray | None, steps: int) -> np.ndarray:
+    """reduce_on_plateau: (steps, groups) lrs; row t is the lr after observing metrics[0..t-1]."""
+    lrs = np.array(base, dtype=np.float64)
+    best, bad, cooldown = (np.inf if spec.mode == "min" else -np.inf), 0, 0
+    out = np.empty((steps, len(base)))
+    for t in range(steps):
+        out[t] = lrs
+        if metrics is None:
+            continue
+        m = float(metrics[t])
+        if _better(spec, m, best):
+            best, bad = m, 0
+        else:
+            bad += 1
+        if cooldown > 0:
+            cooldown, bad = cooldown - 1, 0
+        if bad > spec.patience:
+            new = np.maximum(lrs * spec.factor, spec.min_lr)
+            lrs = np.where(lrs - new > spec.eps, new, lrs)
+            cooldown, bad = spec.cooldown, 0
+    return out
+
+
 def schedule_values(
-    schedule: ScheduleSpec, optimizer: Any, steps: int, updates_per_epoch: int = 1
+    schedule: ScheduleSpec, optimizer: Any, steps: int, updates_per_epoch: int = 1, *,
+    at: Any = None, metrics: Any = None,
 ) -> dict[str, Any]:
-    """The values updates t = 0..steps-1 apply: {"lr": (steps, groups) array, "momentum": (steps,
-    groups) array or None, "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
-    `conformance.rules.groups.group_base_lrs`: [[optimizer.groups]] in order, the default group last."""
+    """The values updates t = 0..steps-1 apply (or only the updates listed in `at`, strictly
+    increasing): {"lr": (rows, groups) array, "momentum": (rows, groups) array or None,
+    "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
+    `conformance.rules.groups.group_base_lrs`: [[optimizer.groups]] in order, the default group last.
+    `metrics` (reduce_on_plateau only): the value observed after each update t = 0..steps-1."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
+    observed = check_metrics(schedule, metrics, steps)
+    rows = spots(steps, at)
     base = start_lrs(schedule, group_base_lrs(optimizer))
-    s = np.arange(steps, dtype=np.int64) // updates_per_epoch
+    s = rows // updates_per_epoch
+    if schedule.name == "reduce_on_plateau":
+        lr = plateau_lrs(schedule, base, observed, steps)[rows]
+        return {"lr": lr, "momentum": None, "momentum_name": None}
     lr = np.stack([np.broadcast_to(lr_function(schedule, b)(s), s.shape) for b in base], axis=1)
     name = cycled_hyperparameter(schedule, optimizer)
     momentum = None

@@ -2,19 +2,28 @@
 
 Shared by ref_torch, ref_jax and the oracle (each builds its schedules from these facts):
 
-- `start_lrs`: the lr each group's schedule starts from (onecycle's `max_lr` overrides the groups);
-- `cycled_hyperparameter`: what onecycle's momentum cycling drives (momentum or beta1);
+- `start_lrs`: the lr each group's schedule starts from (onecycle's `max_lr` and cyclic's
+  `base_lr` override the groups);
+- `cycled_hyperparameter`: what onecycle's / cyclic's momentum cycling drives (momentum or beta1);
 - `onecycle_phases`: torch's OneCycleLR phase boundaries and end values;
-- `check_schedule` / `check_run_length`: cross-section refusals (ConfigError / InputError) and notes.
+- `check_schedule` / `check_run_length`: cross-section refusals (ConfigError / InputError) and notes;
+- `spots` / `check_metrics`: the inputs of `schedule_values(..., at=, metrics=)`;
+- reduce_on_plateau in training: `check_observed` (evaluations to observe), `plateau_to_json` /
+  `plateau_from_json` (its neutral checkpoint state, conformance/rules/plateau.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from conformance.config.schedule import (
     BETA1_OPTIMIZERS,
+    CYCLED,
     MOMENTUM_OPTIMIZERS,
+    PLATEAU,
     WARMUP,
     ScheduleSpec,
 )
@@ -23,17 +32,20 @@ from conformance.rules.groups import group_base_lrs
 
 
 def start_lrs(schedule: ScheduleSpec, base_lrs: list[float]) -> list[float]:
-    """The lr each group's schedule is built from: its base lr, or onecycle's `max_lr` when set
-    (torch's OneCycleLR(max_lr=float) gives every group the same peak)."""
+    """The lr each group's schedule is built from: its base lr, onecycle's `max_lr` when set
+    (torch's OneCycleLR(max_lr=float) gives every group the same peak), or cyclic's `base_lr` when
+    set (torch's CyclicLR writes base_lr into every group at construction)."""
     if schedule.name == "onecycle" and schedule.max_lr is not None:
         return [float(schedule.max_lr)] * len(base_lrs)
+    if schedule.name == "cyclic" and schedule.base_lr is not None:
+        return [float(schedule.base_lr)] * len(base_lrs)
     return [float(b) for b in base_lrs]
 
 
 def cycled_hyperparameter(schedule: ScheduleSpec, optimizer: Any) -> str | None:
-    """What onecycle's momentum cycling drives: "momentum" (SGD, RMSprop, Muon), "beta1" (Adam-like,
-    Lion: betas[0]) or None (no cycling)."""
-    if schedule.name != "onecycle" or not schedule.cycle_momentum:
+    """What onecycle's / cyclic's momentum cycling drives: "momentum" (SGD, RMSprop), "beta1"
+    (Adam-like, Lion: betas[0]) or None (no cycling)."""
+    if schedule.name not in CYCLED or not schedule.cycle_momentum:
         return None
     name = getattr(optimizer, "name", "")
     if name == "muon":
@@ -58,17 +70,22 @@ def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_p
         raise InputError(f"updates_per_epoch = {updates_per_epoch} is only read with schedule.unit = "
                          f"'epoch'; received it with unit = 'update'")
     base = group_base_lrs(optimizer)
+    for key, name in (("max_lr", "onecycle"), ("base_lr", "cyclic")):
+        if schedule.name == name and getattr(schedule, key) is not None:
+            own = [i for i, g in enumerate(optimizer.groups) if getattr(g, "lr", None) is not None]
+            if own:
+                raise ConfigError(f"schedule.{key} sets every group's lr, but optimizer.groups[{own[0]}].lr sets "
+                                  f"its own; remove schedule.{key} so that each group keeps its own lr")
+    if schedule.name in CYCLED:
+        cycled_hyperparameter(schedule, optimizer)
+    _check_chained_length(schedule, (steps - 1) // updates_per_epoch)
     if schedule.name == "onecycle":
-        if schedule.max_lr is not None and any(getattr(g, "lr", None) is not None for g in optimizer.groups):
-            raise ConfigError("schedule.max_lr sets one peak for every group, but optimizer.groups set "
-                              "their own lr; remove max_lr so that each group peaks at its own lr")
         last = (steps - 1) // updates_per_epoch
         if last >= schedule.total_steps:  # type: ignore[operator]
             raise ConfigError(
                 f"schedule.total_steps = {schedule.total_steps} is shorter than the run ({last + 1} "
                 f"{schedule.unit}s); torch's OneCycleLR raises past total_steps"
             )
-        cycled_hyperparameter(schedule, optimizer)
     for part in _floored(schedule):
         low = min(base)
         if part.eta_min > low:  # type: ignore[operator]
@@ -77,6 +94,60 @@ def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_p
                 f"{where} eta_min = {part.eta_min} exceeds the lowest group lr {low}; {part.name} "
                 f"decays every group from its own lr down to eta_min, so eta_min must not exceed any"
             )
+
+
+def _check_chained_length(schedule: ScheduleSpec, last: int) -> None:
+    # torch's CosineAnnealingLR is a factor of the current lr only up to t_max (then it adds base-lr terms)
+    for i, part in enumerate(schedule.schedulers or [] if schedule.name == "chained" else []):
+        if part.name == "cosine" and last > part.t_max:  # type: ignore[operator]
+            raise ConfigError(f"schedule.schedulers[{i}] (cosine, t_max = {part.t_max}) inside chained reaches "
+                              f"{schedule.unit} {last}, past t_max: torch's chained CosineAnnealingLR stops being "
+                              f"a factor there; raise t_max to at least {last}")
+
+
+def spots(steps: int, at: Sequence[int] | None) -> np.ndarray:
+    """The updates whose values are asked for: `at` (strictly increasing, each in [0, steps)) or all."""
+    if at is None:
+        return np.arange(steps, dtype=np.int64)
+    out = np.asarray(list(at), dtype=np.int64)
+    if out.ndim != 1 or out.size == 0:
+        raise InputError(f"at must list at least one update; received {list(at)!r}")
+    bad = np.flatnonzero(np.diff(out) <= 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise InputError(f"at[{i}] = {out[i]} must be greater than at[{i - 1}] = {out[i - 1]} (strictly increasing)")
+    if out[0] < 0 or out[-1] >= steps:
+        raise InputError(f"at must lie in [0, steps = {steps}); received {int(out[0] if out[0] < 0 else out[-1])}")
+    return out
+
+
+def check_metrics(schedule: ScheduleSpec, metrics: Sequence[float] | None, steps: int) -> np.ndarray | None:
+    """The metric observed after each update t = 0..steps-1 as float64 (reduce_on_plateau only)."""
+    if metrics is None:
+        return None
+    if schedule.name not in PLATEAU:
+        raise InputError(f"metrics are observed only by schedule.name = 'reduce_on_plateau'; received "
+                         f"{len(metrics)} values for name = {schedule.name!r}")
+    values = np.asarray(list(metrics), dtype=np.float64)
+    if values.shape != (steps,):
+        raise InputError(f"metrics must hold one value per update ({steps}: the value observed after "
+                         f"update t); received {values.size}")
+    return values
+
+
+def check_observed(schedule: ScheduleSpec, eval_every: int, n_val: int, loss_name: str) -> None:
+    """A training run with reduce_on_plateau must evaluate what it monitors (ConfigError naming both fields)."""
+    if schedule.name not in PLATEAU:
+        return
+    if eval_every == 0:
+        raise ConfigError("schedule.name = 'reduce_on_plateau' observes the validation metric at each evaluation, "
+                          "but run.eval_every = 0 never evaluates; set run.eval_every")
+    if n_val == 0:
+        raise ConfigError("schedule.name = 'reduce_on_plateau' observes the validation metric, but data.val_fraction "
+                          "leaves no validation samples")
+    if schedule.monitor == "val_accuracy" and loss_name not in ("cross_entropy", "nll"):
+        raise ConfigError(f"schedule.monitor = 'val_accuracy' needs a classification loss; loss.name = "
+                          f"{loss_name!r} has no accuracy (monitor 'val_loss')")
 
 
 def _floored(schedule: ScheduleSpec) -> list[ScheduleSpec]:

@@ -18,11 +18,19 @@ def state_shapes(optimizer: str, hp: Mapping[str, Any], shape: Sequence[int]) ->
     one per parameter; twinstep adds it for sgd and muon). Names beside the contract's: nadam
     `mu_product` (torch's running product of the momentum schedule, 0-d), adafactor `row_var`,
     `col_var` (torch's keepdim shapes) or `variance` (<2-D), adam `v_hat_max` (amsgrad_variant
-    "optax": the max of the bias-corrected v)."""
+    "optax": the max of the bias-corrected v). Schedule-free (schedulefree's names): `z` (the base
+    sequence), schedule_free_adamw also `v` (the package's exp_avg_sq), and the 0-d `weight_sum`
+    (Σ of the averaging weights so far) and `lr_max` (the largest warmed-up lr so far); in training
+    the parameter is the gradient point y, and the average x (what to evaluate and save) is
+    (y − (1−β)·z)/β, as in the package's AdamWScheduleFree and optax.contrib.schedule_free."""
     shape = tuple(int(n) for n in shape)
     out: dict[str, tuple[int, ...]] = {"step": ()}
     full = {"m": shape, "v": shape}
-    if optimizer in ("sgd", "muon"):
+    if optimizer in ("schedule_free_adamw", "schedule_free_sgd"):
+        out.update(z=shape, weight_sum=(), lr_max=())
+        if optimizer == "schedule_free_adamw":
+            out["v"] = shape
+    elif optimizer in ("sgd", "muon"):
         if optimizer == "muon" or hp["momentum"] != 0:
             out["momentum_buffer"] = shape
     elif optimizer == "rmsprop":

@@ -18,12 +18,14 @@ fails where it leaves the band, which is the update `first_failure` names.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance import tomlio
+from conformance.config import MAX_CONFIG_BYTES
 from conformance.errors import TwinstepError
+from conformance.files import read_regular
 from conformance.rules.tolerance import (
     TOLERANCES,
     Tolerance,
@@ -128,13 +130,11 @@ def read_run(directory: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     if not path.is_dir():
         raise TwinstepError(f"{path}: no such run directory")
     records = read_metrics(path / "metrics.jsonl")
-    try:
-        config = tomllib.loads((path / "config.toml").read_text())
-    except FileNotFoundError:
-        config = {}
-    except tomllib.TOMLDecodeError as exc:
-        raise TwinstepError(f"{path / 'config.toml'}: invalid TOML ({exc})") from None
-    return records, config
+    if not (path / "config.toml").exists() and not (path / "config.toml").is_symlink():
+        return records, {}
+    # a FIFO or a device there is refused at once, never read (conformance.files)
+    text = read_regular(path / "config.toml", MAX_CONFIG_BYTES, what="config").decode("utf-8", "replace")
+    return records, tomlio.parse(text, str(path / "config.toml"), TwinstepError)
 
 
 def run_tolerance(config_a: dict[str, Any], config_b: dict[str, Any]) -> Tolerance:

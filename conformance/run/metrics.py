@@ -11,9 +11,10 @@ and every evaluation `{"event": "eval", "update", "val_loss", ...metrics}`. A re
 the file back to the records before the checkpoint it resumes from, so the continued file equals
 the uninterrupted run's.
 
-Each line is written whole, at once: one `os.write` of the complete line to a file opened with
-O_APPEND (about 2 us: unbuffered costs nothing measurable), so a kill leaves whole lines only and a
-checkpoint never holds updates the file lacks.
+Each line is written whole: one `write` of the complete line to a file opened with O_APPEND, so a
+kill leaves whole lines (at worst an unfinished last one, which read_metrics skips and a resume cuts
+away); `sync()` (at every checkpoint) fsyncs the file. A metrics.jsonl that is a directory, a FIFO
+or a link, and any OSError while writing (a full disk), is one PathError line naming the file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from conformance.errors import TwinstepError
+from conformance.errors import PathError, TwinstepError
+from conformance.files import check_entry, path_error, read_regular, write_text_atomic
+
+MAX_METRICS_BYTES = 1 << 32  # 4 GiB: millions of updates; more is not a metrics file of ours
 
 UPDATE_KEYS: tuple[str, ...] = (
     "event", "update", "epoch", "samples_seen", "loss", "lr", "grad_norm", "loss_scale", "skipped",
@@ -67,10 +71,13 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl, with "nan"/"inf" turned back into floats."""
     records = []
     path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        raise TwinstepError(f"{path}: no such metrics file")
+    raw = read_regular(path, MAX_METRICS_BYTES, what="metrics file")
     try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise TwinstepError(f"{path}: no such metrics file") from None
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise TwinstepError(f"{path}: not UTF-8 text") from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -110,12 +117,16 @@ class MetricsLog:
         # unset: about 20 progress lines per run; metrics.jsonl has every update either way
         self.log_every = max(1, log_every if log_every is not None else total_updates // 20)
         self.stream = stream or sys.stderr
-        if resume_from is not None and self.path.exists():
-            self._truncate(resume_from)
-        elif resume_from is None and self.path.exists():
-            self.path.unlink()
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
-        self._fd: int | None = os.open(self.path, flags, 0o644)
+        try:
+            exists = check_entry(self.path, "file")
+            if resume_from is not None and exists:
+                self._truncate(resume_from)
+            elif resume_from is None and exists:
+                self.path.unlink()
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+            self._fd: int | None = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise path_error(self.path, exc, "open for writing") from None
         mode = progress
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "lines"
@@ -130,21 +141,26 @@ class MetricsLog:
 
     def _truncate(self, before: int) -> None:
         keep = [r for r in read_metrics(self.path) if r.get("update", 0) < before]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            for r in keep:
-                f.write(json.dumps(_clean(r)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(json.dumps(_clean(r)) + "\n" for r in keep))
 
     def _write(self, rec: Mapping[str, Any]) -> None:
         line = (_dumps(rec) + "\n").encode("utf-8")
         if self._fd is None:
-            raise TwinstepError(f"{self.path}: the metrics log is closed")
-        done = os.write(self._fd, line)  # one write of the whole line (O_APPEND)
-        while done < len(line):  # only a full disk or a signal writes less: finish or fail
-            done += os.write(self._fd, line[done:])
+            raise PathError(f"{self.path}: the metrics log is closed")
+        try:
+            done = os.write(self._fd, line)  # one write of the whole line (O_APPEND)
+            while done < len(line):  # only a full disk or a signal writes less: finish or fail
+                done += os.write(self._fd, line[done:])
+        except OSError as exc:
+            raise path_error(self.path, exc, "write") from None
+
+    def sync(self) -> None:
+        """Make every line written so far durable (called at every checkpoint)."""
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise path_error(self.path, exc, "sync") from None
 
     def log_update(self, record: Mapping[str, Any]) -> None:
         # update_record puts "event" first: no copy of the record then

@@ -76,12 +76,13 @@ def eval_record(t: int, total: EvalTotals) -> dict[str, Any]:
 
 
 def checkpoint_meta(run: Run, updates_done: int, optimizer_step: int, loss_scale: dict[str, Any] | None,
-                    rng_meta: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """The JSON half of a checkpoint: counters, schedule position, loss scale, data position, RNG."""
+                    rng_meta: dict[str, Any], plateau: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The JSON half of a checkpoint: counters, schedule position (and reduce_on_plateau's state,
+    conformance.rules.plateau), loss scale, data position, RNG."""
     return {
         "backend": run.backend,
         "optimizer_step": int(optimizer_step),
-        "schedule": {"t": run.counters.schedule_t},
+        "schedule": {"t": run.counters.schedule_t, **({"plateau": plateau} if plateau is not None else {})},
         "loss_scale": loss_scale,
         "data": run.data.position(updates_done),
         "rng": rng_meta,
@@ -91,12 +92,20 @@ def checkpoint_meta(run: Run, updates_done: int, optimizer_step: int, loss_scale
 
 
 def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str, Any], rng: dict[str, Any],
-         meta: dict[str, Any], versions: dict[str, Any], val_loss: float | None = None) -> Path | None:
-    """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention."""
+         meta: dict[str, Any], versions: dict[str, Any], val_loss: float | None = None,
+         ema: dict[str, Any] | None = None) -> Path | None:
+    """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention; `ema`:
+    the weights' EMA ([ema]; None before it starts). The metrics written so far are made durable
+    first (fsync), so the file never lags a checkpoint. state.json repeats the manifest's val_loss
+    (conformance.run.validate cross-checks them)."""
     if not run.is_main:
         return None
+    if run.metrics is not None:
+        run.metrics.sync()
     spec = run.config.checkpoint
-    state = ckpt.TrainingState(updates_done, model, optimizer, rng, meta, dump_config(run.config))
-    return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val_loss,
+    val = _finite_or_none(val_loss)
+    state = ckpt.TrainingState(updates_done, model, optimizer, rng, {**meta, "val_loss": val}, dump_config(run.config),
+                               ema)
+    return ckpt.save_checkpoint(run.checkpoint_dir, state, versions=versions, val_loss=val,
                                 world_size=run.world_size, keep_last=spec.keep_last, keep_best=spec.keep_best,
                                 events=run.events)

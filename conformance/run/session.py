@@ -14,29 +14,40 @@ Counting (docs/contract.md §2): `t` is the update; the schedule's position is
 updates; resuming continues at t = update (resume policy: conformance.run.resume).
 
 The parts, one concept a file: `session` (this: the output directory, data, checkpoint to resume,
-metrics log), `counters`, `resume`, `records` (metrics lines, evaluation totals, when to evaluate
-and save, the checkpoint's JSON half), `batches` (window counts, injected overflows),
-`throughput` (tokens/s, MFU), `metrics` (metrics.jsonl, progress, TensorBoard), `compare`
-(`twinstep compare`). Per-rank RNG layout: conformance.checkpoint.rng.
+metrics log), `rundir` (the lock, ownership and clean-up of the output directory), `preflight`
+(cross-field checks before training), `validate` (every field of a checkpoint before a resume),
+`preempt` (SIGTERM / SIGINT: save and stop), `counters`, `resume`, `records` (metrics lines,
+evaluation totals, when to evaluate and save, the checkpoint's JSON half), `batches` (window counts,
+injected overflows), `throughput` (tokens/s, MFU), `metrics` (metrics.jsonl, progress,
+TensorBoard), `compare` (`twinstep compare`). Per-rank RNG layout: conformance.checkpoint.rng.
+
+A run ends with `run.close()` (metrics closed, the directory's lock released, signal handlers
+restored), also when it fails. Preemption, in the loop after an update's checkpoint decision:
+
+        if run.stop_requested(agree):         # SIGTERM / SIGINT arrived (on any rank, with agree)
+            raise run.preempted(t + 1, saved or save(...))
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from conformance import checkpoint as ckpt
 from conformance.config import Config, dump_config
 from conformance.data import DataPipeline, Dataset
-from conformance.errors import CheckpointError, ConfigError
+from conformance.errors import CheckpointError, ConfigError, Preempted
+from conformance.events import Events
+from conformance.files import write_text_atomic
 from conformance.rules.inputs import INDEX_LOSSES
 from conformance.run.counters import Counters
-from conformance.events import Events
 from conformance.run.metrics import MetricsLog
-from conformance.run.resume import check_resumable, restore_counters
+from conformance.run.preempt import Preemption
+from conformance.run.preflight import check_run
+from conformance.run.resume import check_resumable, pick_checkpoint, restore_counters
+from conformance.run.rundir import RunDir, claim
+from conformance.run.validate import check_data_position
 
 
 class TrainResult(NamedTuple):
@@ -64,6 +75,8 @@ class Run:
     rank: int = 0
     world_size: int = 1
     events: Events | None = None
+    owner: RunDir | None = None
+    preemption: Preemption = field(default_factory=Preemption)
 
     @property
     def start(self) -> int:
@@ -81,19 +94,26 @@ class Run:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def stop_requested(self, agree: Any = None) -> bool:
+        """Whether SIGTERM / SIGINT asked this run to stop after the current update (`agree`: a
+        function making every rank answer alike, e.g. an any-reduce over the ranks)."""
+        return self.preemption.requested(agree)
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a small text file so that a reader sees the old or the new content, never a mix."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    def preempted(self, updates_done: int, checkpoint: Path | None) -> Preempted:
+        """The error that ends a preempted run after `updates_done` updates (saved to `checkpoint`;
+        on ranks other than 0, where rank 0 saved it)."""
+        path = checkpoint if checkpoint is not None else self.checkpoint_dir / ckpt.step_name(updates_done)
+        return self.preemption.stopped(updates_done, self.planned, path)
+
+    def close(self) -> None:
+        """End the run: metrics closed, signal handlers restored, the directory's lock released."""
+        try:
+            if self.metrics is not None:
+                self.metrics.close()
+        finally:
+            self.preemption.uninstall()
+            if self.owner is not None:
+                self.owner.release()
 
 
 def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = False, rank: int = 0,
@@ -101,25 +121,41 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
              dataset: Dataset | None = None, check_loss: bool = True) -> Run:
     """Prepare the output directory, the data, the checkpoint to resume from and the metrics log.
 
-    Rank 0 writes DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None.
+    Rank 0 claims the directory (conformance.run.rundir: lock, ownership, clean-up), writes
+    DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None. Every rank
+    records SIGTERM / SIGINT from here until `Run.close()` (conformance.run.preempt).
     `dataset`: data passed to train() (conformance.run.objects), else the config's; `check_loss`:
     refuse a `[loss]` that does not fit the targets (False when a loss_fn replaces `[loss]`)."""
     out = Path(out_dir)
     data = DataPipeline(config, rank, world_size, dataset)
     if check_loss:
         check_task(config, data.info.task)
+    check_run(config, data, world_size)
+    owner = claim(out, resume) if rank == 0 else None
+    try:
+        run = _open(config, out, backend, resume, rank, world_size, data, progress, metrics, events, owner)
+    except BaseException:
+        if owner is not None:
+            owner.release()
+        raise
+    run.preemption.install()
+    return run
+
+
+def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, world_size: int, data: DataPipeline,
+          progress: str, metrics: bool, events: Events | None, owner: RunDir | None) -> Run:
     checkpoint = None
     counters = Counters()
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         ckpt.prepare_directory(out / "checkpoints")
     if resume:
-        path = ckpt.find_latest(out / "checkpoints", allow_fallback=config.checkpoint.allow_fallback)
-        if path is not None:
-            checkpoint = ckpt.load_checkpoint(path)
+        checkpoint = pick_checkpoint(out / "checkpoints", config.checkpoint.allow_fallback)
+        if checkpoint is not None:
+            path = checkpoint.path
             check_resumable(checkpoint.state.config, config, path)
             meta = checkpoint.state.meta or {}
-            data.check_position(meta.get("data", {}))
+            data.check_position(meta["data"])
+            check_data_position(meta["data"], data.position(checkpoint.state.update), path)
             counters = restore_counters(meta, checkpoint.state.update)
             if counters.updates_done > data.planned_updates:
                 raise CheckpointError(
@@ -137,7 +173,7 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
             log = MetricsLog(out, data.planned_updates, resume_from=counters.updates_done if resume else None,
                              progress=progress, tensorboard=bool(getattr(config.run, "tensorboard", False)),
                              log_every=config.run.log_every)
-    return Run(config, out, backend, data, log, checkpoint, counters, rank, world_size, events)
+    return Run(config, out, backend, data, log, checkpoint, counters, rank, world_size, events, owner)
 
 
 TASK_LOSSES: dict[str, tuple[str, ...]] = {

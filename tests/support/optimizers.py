@@ -65,10 +65,15 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
     o: dict[str, Any] = {"lr": f(1e-4, 0.3)}
     if draw(st.booleans()):
         o["weight_decay"] = f(0.0, 0.3)
-    if name not in ("sgd", "rmsprop", "adagrad", "adafactor", "muon"):
+    if name not in ("sgd", "rmsprop", "adagrad", "adafactor", "muon", "schedule_free_sgd"):
         o["betas"] = [f(0.0, 0.99), f(0.5, 0.9999)]
-    if name in ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad"):
+    if name in ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad", "schedule_free_adamw"):
         o["eps"] = 10 ** f(-10, -2)
+    if name in ("schedule_free_adamw", "schedule_free_sgd"):
+        if name == "schedule_free_sgd":
+            o["momentum"] = f(0.05, 0.95)
+        if not group:
+            o.update(warmup_steps=draw(st.integers(0, 6)), r=f(0.0, 1.0), weight_lr_power=f(0.0, 3.0))
     if name == "sgd":
         o["momentum"] = f(0.05, 0.99)
         if not group and draw(st.booleans()):
@@ -81,6 +86,8 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
             o["amsgrad_variant"] = draw(st.sampled_from(["torch", "optax", "optax_raw"]))
         if draw(st.booleans()):
             o["eps_root"] = 10 ** f(-12, -4)
+        elif o.get("amsgrad_variant", "torch") == "torch" and draw(st.booleans()):
+            o["eps_hat"] = True
     elif name == "rmsprop":
         o.update(alpha=f(0.5, 0.999), momentum=draw(st.sampled_from([0.0, 0.5, 0.9])))
         if not group:
@@ -100,9 +107,11 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
         if not group:
             o.update(nesterov=draw(st.booleans()), adjust_lr_fn=draw(st.sampled_from(["original", "match_rms_adamw"])),
                      ns_steps=draw(st.integers(1, 6)))
-    if name in ("nadam", "radam", "adam") and not group and draw(st.booleans()):
+    if name in ("adamax", "nadam") and not group and draw(st.booleans()):
+        o["eps_hat"] = True
+    if name in ("sgd", "rmsprop", "adagrad", "adamax", "nadam", "radam", "adam") and not group and draw(st.booleans()):
         o["decoupled_weight_decay"] = True
-    if name != "muon" and draw(st.integers(0, 4)) == 0:
+    if name not in ("muon", "schedule_free_adamw", "schedule_free_sgd") and draw(st.integers(0, 4)) == 0:
         o["maximize"] = True
     return o
 

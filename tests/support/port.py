@@ -45,6 +45,15 @@ OPTIMIZERS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "adafactor": (torch.optim.Adafactor, dict(lr=0.01, beta2_decay=-0.7, d=2.0, weight_decay=0.1), dict(eps=(1e-5, 1e-2))),
     "muon": (torch.optim.Muon, dict(lr=0.01, momentum=0.9, weight_decay=0.05), dict(nesterov=False)),
 }
+try:  # the schedulefree package (an optional extra): its optimizers are ported too
+    import schedulefree
+
+    OPTIMIZERS["schedule-free-adamw"] = (schedulefree.AdamWScheduleFree, dict(lr=0.01, warmup_steps=2, weight_decay=0.1,
+                                                                         foreach=False), dict(lr=0.02, r=0.5))
+    OPTIMIZERS["schedule-free-sgd"] = (schedulefree.SGDScheduleFree, dict(lr=0.1, momentum=0.8, foreach=False),
+                                       dict(weight_lr_power=1.0))
+except ImportError:
+    pass
 
 
 def optimizer(kind: str, named: dict[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -55,7 +64,10 @@ def optimizer(kind: str, named: dict[str, torch.nn.Parameter]) -> torch.optim.Op
     else:
         groups = [{"params": [p for n, p in named.items() if n.endswith("bias")], **bias_options},
                   {"params": [p for n, p in named.items() if not n.endswith("bias")]}]
-    return cls(groups, **options)
+    opt = cls(groups, **options)
+    if hasattr(opt, "train"):
+        opt.train()  # schedulefree: steps in train mode only
+    return opt
 
 
 SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
@@ -75,7 +87,15 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     "warmup-cosine": lambda o: sched.SequentialLR(
         o, [sched.LinearLR(o, 0.1, 1.0, 3), sched.CosineAnnealingLR(o, T_max=7, eta_min=1e-4)], [3]),
     "chained-one": lambda o: sched.ChainedScheduler([sched.StepLR(o, step_size=3, gamma=0.5)]),
+    "chained": lambda o: sched.ChainedScheduler([sched.LinearLR(o, 0.2, 1.0, 4), sched.ExponentialLR(o, 0.9),
+                                                 sched.CosineAnnealingLR(o, T_max=30)]),
+    "cyclic": lambda o: sched.CyclicLR(o, 0.01, 0.05, step_size_up=3, mode="triangular2", cycle_momentum=False),
+    "cyclic-exp-range": lambda o: sched.CyclicLR(o, [0.005, 0.01][-len(o.param_groups):], 0.08, step_size_up=2,
+                                                 step_size_down=4, mode="exp_range", gamma=0.9, cycle_momentum=False),
+    "cyclic-momentum": lambda o: sched.CyclicLR(o, 0.01, 0.05, step_size_up=3, base_momentum=0.85, max_momentum=0.95),
+    "plateau": lambda o: sched.ReduceLROnPlateau(o, mode="max", patience=2, min_lr=1e-4),
 }
+NEEDS_MOMENTUM = ("cyclic-momentum",)  # CyclicLR(cycle_momentum=True) refuses an optimizer without momentum or betas
 
 
 @contextlib.contextmanager

@@ -4,11 +4,14 @@ run's config and the bit-for-bit comparison of two runs."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from conformance import checkpoint as ck
+from conformance.config import load_config
+from conformance.errors import CheckpointError
 from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
@@ -17,8 +20,9 @@ WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", 
 
 def write_config(tmp: Path, updates: int) -> Path:
     """The run both resume tests use: a tiny gpt with dropout, AdamW, warm-up + cosine, clipping,
-    token-normalized accumulation of 2, dynamic loss scaling with injected overflows, a checkpoint
-    every 4 updates with retention."""
+    token-normalized accumulation of 2, dynamic loss scaling with injected overflows, a weights' EMA
+    from update 6 on every 2nd update (evaluations on it), a checkpoint every 4 updates with
+    retention."""
     corpus = tmp / "corpus.txt"
     corpus.write_text(" ".join(np.random.default_rng(0).choice(WORDS, 420)))
     path = tmp / "run.toml"
@@ -54,6 +58,11 @@ growth_interval = 3
 [checkpoint]
 every = 4
 keep_last = 2
+[ema]
+decay = 0.9
+every = 2
+start = 6
+evaluate = true
 [run]
 max_updates = {updates}
 eval_every = 10
@@ -69,9 +78,11 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
     a = ck.load_checkpoint(ref / "checkpoints" / ck.step_name(updates)).state
     try:
         b = ck.load_checkpoint(got / "checkpoints" / ck.step_name(updates)).state
-    except ck.CheckpointError as exc:
+    except CheckpointError as exc:
         return [f"final checkpoint: {exc}"]
-    for what, x, y in (("model", a.model, b.model),
+    if (a.ema is None) != (b.ema is None):
+        out.append(f"ema: {'missing' if b.ema is None else 'unexpected'} in the final checkpoint")
+    for what, x, y in (("model", a.model, b.model), ("ema", a.ema or {}, b.ema or {}),
                        *((f"optimizer {p}", a.optimizer[p], b.optimizer.get(p, {})) for p in a.optimizer)):
         for k in x:
             if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
@@ -88,3 +99,23 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
             out.append(f"metrics line {i}: {y} != {x}")
             break
     return out
+
+
+def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
+    """The checkpoint as a resume that forgot `piece` would see it: that piece back at its start.
+    Plant it after conformance.run.session.pick_checkpoint (which refuses such a checkpoint)."""
+    state, meta = checkpoint.state, dict(checkpoint.state.meta or {})
+    if piece == "model":  # weights never restored: any other values than the saved ones
+        state = state._replace(model={k: np.zeros_like(v) for k, v in state.model.items()})
+    elif piece == "optimizer":  # a fresh optimizer: no per-parameter state, step 0
+        state, meta = state._replace(optimizer={}), {**meta, "optimizer_step": 0}
+    elif piece == "loss_scale":  # the scale and growth tracker back at their initial values
+        init = load_config(tomllib.loads(state.config)).precision.init_scale
+        meta["loss_scale"] = {**meta["loss_scale"], "scale": init, "growth_tracker": 0}
+    elif piece == "schedule":  # the schedule rebuilt at position 0
+        meta["counters"] = {**meta["counters"], "schedule_t": 0}
+    elif piece == "rng":  # no generator state: each generator continues from its seed
+        state = state._replace(rng={})
+    elif piece == "ema":  # the weights' EMA not restored: it starts again at the next due update
+        state = state._replace(ema=None)
+    return checkpoint._replace(state=state._replace(meta=meta))

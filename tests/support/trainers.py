@@ -98,3 +98,23 @@ def gpt_dropout(tmp: Path) -> dict[str, Any]:
     return dict(GPT_DROPOUT, data={**GPT_DROPOUT["data"], "path": str(_corpus(tmp))})
 
 
+
+
+@pytest.fixture(scope="module")
+def persistent_xla_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A persistent JAX compilation cache for one module's in-process runs: a second run of the same
+    config loads the compiled step instead of compiling it again (the same executable, the same
+    bits). Reset afterwards. (tests/test_resume_kill.py keeps its own, shared with subprocesses.)"""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
+                                                 "jax_persistent_cache_min_compile_time_secs")}
+    cache = tmp_path_factory.mktemp("xla") / "xla-cache"
+    cc.reset_cache()
+    cc.set_cache_dir(str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield cache
+    cc.reset_cache()
+    for k, v in saved.items():
+        jax.config.update(k, v)

@@ -9,6 +9,9 @@ The building blocks (optax_desc) must read, in order:
           scale_by_adamax | scale_by_lion | trace | (none: plain SGD)
     [trace (rms, stddev)] [add_decayed_weights: decoupled] scale_by_learning_rate [trace]
 
+or optax.contrib's schedule_free_adamw / schedule_free_sgd alone (after clipping), without a
+warm-up (optax evaluates it one count ahead of schedulefree: SF-OPTAX; no spec field says so).
+
 and become the spec with optax's semantics kept (eps_in_sqrt, eps_root, amsgrad_variant,
 momentum_schedule = false, clip eps = 0, optax's defaults). Anything else is refused with
 UnsupportedError saying what and why; malformed descriptions raise ConfigError naming the key.
@@ -133,9 +136,30 @@ def _trace(b: Block, core: Block | None) -> float:
     return float(b.args["decay"])
 
 
+def _schedule_free(b: Block, clip: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any, str]:
+    a = b.args
+    if a["warmup_steps"]:
+        raise UnsupportedError(f"{b.where}.warmup_steps: optax.contrib.schedule_free evaluates its warm-up one "
+                               f"count ahead of the schedulefree package (SF-OPTAX, optax PR #1744), which no spec "
+                               f"field expresses; port the package's optimizer, or leave warmup_steps unset")
+    if a["state_dtype"] is not None:
+        raise UnsupportedError(f"{b.where}.state_dtype = {a['state_dtype']!r}: state dtypes follow the parameters")
+    fields: dict[str, Any] = {"name": b.name, "weight_decay": float(a["weight_decay"] or 0.0),
+                              "weight_lr_power": a["weight_lr_power"]}
+    if b.name == "schedule_free_adamw":
+        fields.update(betas=[a["b1"], a["b2"]], eps=a["eps"])
+    else:
+        fields["momentum"] = a["b1"]
+    return fields, clip, a["learning_rate"], f"{b.where}.learning_rate"
+
+
 def optimizer(bs: list[Block]) -> tuple[dict[str, Any], dict[str, Any], Any, str]:
     """(optimizer fields without lr, clip table, learning-rate description, its where) of the blocks."""
     i, clip, coupled, maximize = _gradient_side(bs)
+    if i < len(bs) and bs[i].name.startswith("schedule_free_"):
+        if maximize or coupled is not None or i + 1 != len(bs):
+            raise UnsupportedError(f"{bs[i].where}: optax.contrib.{bs[i].name} is read alone (after clipping only)")
+        return _schedule_free(bs[i], clip)
     core = bs[i] if i < len(bs) and bs[i].name in CORES and bs[i].name != "trace" else None
     momentum, nesterov = 0.0, False
     if core is not None:
@@ -182,8 +206,8 @@ def _weight_decay(name: str, coupled: float | None, decoupled: float | None, bs:
             return {"weight_decay": decoupled, "decoupled_weight_decay": True}
         if name == "lion":
             return {"weight_decay": decoupled}
-        raise UnsupportedError(f"decoupled weight decay (add_decayed_weights after the moments) with {name} has "
-                               f"no spec field")
+        # add_decayed_weights after the moments, before the lr: -lr·(u + wd·p), torch AdamW's decay
+        return {"weight_decay": decoupled, "decoupled_weight_decay": True}
     if coupled is not None:
         if name == "lion":
             raise UnsupportedError("weight decay before scale_by_lion has no spec field (lion's decay is decoupled)")

@@ -66,14 +66,14 @@ def check_position(sections: dict[str, Any], optimizer: Any, position: int) -> N
         for i, group in enumerate(groups):
             got = float(group["betas"][0] if cycled == "beta1" else group["momentum"])
             if not np.isclose(got, want, rtol=1e-10):
-                raise UnsupportedError(f"optimizer.param_groups[{i}] {cycled} = {got!r}, but OneCycleLR gives "
+                raise UnsupportedError(f"optimizer.param_groups[{i}] {cycled} = {got!r}, but the scheduler gives "
                                        f"{want!r} at update {position}: something else changed it")
 
 
 def _cycled_start(section: dict[str, Any], schedule: dict[str, Any]) -> None:
-    """OneCycleLR overwrites momentum (or beta1) at every update: write the value it starts from
-    (max_momentum) rather than wherever a stepped scheduler left it."""
-    if schedule.get("name") != "onecycle" or not schedule.get("cycle_momentum"):
+    """OneCycleLR / CyclicLR overwrite momentum (or beta1) at every update: write the value they
+    start from (max_momentum) rather than wherever a stepped scheduler left it."""
+    if schedule.get("name") not in ("onecycle", "cyclic") or not schedule.get("cycle_momentum"):
         return
     top = schedule["max_momentum"]
     for table in [section, *section.get("groups", [])]:
@@ -95,8 +95,8 @@ def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = No
     `[[optimizer.groups]]` entry of glob patterns, the last group the top-level values), unless
     the optimizer was built from named parameters. Returns a `Ported` dict with "optimizer"
     (and "schedule" when a scheduler is given) and `.position`. Anything twinstep cannot express
-    exactly (an unknown or subclassed class, LambdaLR, a ChainedScheduler of several parts,
-    differentiable = True, a parameter with a gradient outside the optimizer, ...) raises
+    exactly (an unknown or subclassed class, LambdaLR, a ChainedScheduler part that does not
+    multiply, a ReduceLROnPlateau that has observed metrics, differentiable = True, a parameter with a gradient outside the optimizer, ...) raises
     UnsupportedError naming it and why."""
     read = read_scheduler(scheduler, optimizer) if scheduler is not None else None
     out = Ported(optimizer=optimizer_section(optimizer, named_parameters, read.lrs if read else None))

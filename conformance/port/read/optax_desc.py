@@ -55,6 +55,10 @@ TRANSFORMS: dict[str, dict[str, Any]] = {
     "scale_by_adamax": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
     "scale_by_lion": {"b1": 0.9, "b2": 0.99, "mu_dtype": None, "mode": "hard", "smooth_beta": 1.0},
     "trace": {"decay": REQUIRED, "nesterov": False, "accumulator_dtype": None},
+    "schedule_free_adamw": {"learning_rate": 0.0025, "warmup_steps": None, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+                           "weight_decay": 0.0, "weight_lr_power": 2.0, "state_dtype": None},
+    "schedule_free_sgd": {"learning_rate": 1.0, "warmup_steps": None, "b1": 0.9, "weight_decay": None,
+                          "weight_lr_power": 2.0, "state_dtype": None},
     "MultiSteps": {"opt": REQUIRED, "every_k_schedule": REQUIRED, "use_grad_mean": True,
                    "should_skip_update_fn": None, "accumulator_dtype": "float32"},
 }

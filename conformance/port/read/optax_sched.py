@@ -3,7 +3,10 @@
 A description is a number or a one-key table `{function_name = {argument = value, ...}}`. It is
 read into pieces (length or open-ended, the value it starts from, and `fit(b)`: the spec part that
 gives the same values for a group whose base lr is b), joined at join_schedules' boundaries the
-way SequentialLR restarts its parts. The mathematics is kept exactly; optax's own float32 rounding
+way SequentialLR restarts its parts. The base lr is the one value a torch-style piece (cosine,
+exponential, polynomial, onecycle, ...) must start from (its `anchor`), else the largest value;
+linear and constant pieces are factors of it, above 1 where optax starts or holds above it
+(`start_factor` > 1: a warm-up from above the peak). optax's end values are `end_factor`. The mathematics is kept exactly; optax's own float32 rounding
 of int32 counts (reference/semantics.md §0.2) is not part of it: the spec computes in float64.
 """
 
@@ -51,6 +54,7 @@ class Piece(NamedTuple):
     peak: float  # the largest value it takes: the natural base lr
     fit: Fit  # the spec part for a group with base lr b
     kind: tuple[Any, ...] = ()  # what it is, for recognising warmup + cosine
+    anchor: float | None = None  # the base lr a torch-style part must start from (None: any)
 
 
 def arguments(name: str, args: Any, where: str, table: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -80,9 +84,9 @@ def _steps(value: Any, where: str) -> int:
 
 
 def _relative(v: float, b: float, where: str) -> float:
-    if b <= 0 or not 0 <= v <= b:
-        raise UnsupportedError(f"{where}: the value {v!r} is not within [0, base lr {b!r}]; twinstep's schedules "
-                               f"are factors of the base lr in [0, 1]")
+    if b <= 0 or v < 0:
+        raise UnsupportedError(f"{where}: the value {v!r} is not a factor >= 0 of the base lr {b!r}; twinstep's "
+                               f"schedules are factors of a positive base lr")
     return v / b
 
 
@@ -127,16 +131,21 @@ def _delayed(begin: int, init: float, main: Piece, where: str) -> list[Piece]:
 def _exponential(a: dict[str, Any], where: str) -> list[Piece]:
     init, k = _number(a["init_value"], f"{where}.init_value"), a["transition_steps"]
     rate = _number(a["decay_rate"], f"{where}.decay_rate")
-    if a["end_value"] is not None:
-        raise UnsupportedError(f"{where}.end_value clips the decay; twinstep's exponential schedules have no floor")
     k = _steps(k, f"{where}.transition_steps")
+    end = None if a["end_value"] is None else _number(a["end_value"], f"{where}.end_value")
+    if end is not None and (rate == 1 or init <= 0):
+        raise UnsupportedError(f"{where}.end_value with decay_rate = {rate!r} and init_value = {init!r} has no spec "
+                               f"form (a bound needs a decay or a growth from a positive lr)")
 
     def fit(b: float) -> dict[str, Any]:
         _equal(init, b, where)
-        if a["staircase"]:
-            return {"name": "step", "step_size": k, "gamma": rate}
-        return {"name": "exponential", "gamma": rate if k == 1 else rate ** (1.0 / k)}
-    return _delayed(int(a["transition_begin"]), init, Piece(None, init, fit, ("exponential",)), where)
+        out = ({"name": "step", "step_size": k, "gamma": rate} if a["staircase"] else
+               {"name": "exponential", "gamma": rate if k == 1 else rate ** (1.0 / k)})
+        if end is not None:  # optax clips at end_value: a floor for a decay, a ceiling for a growth
+            out["end_factor"] = end / init
+        return out
+    return _delayed(int(a["transition_begin"]), init, Piece(None, max(init, end or init), fit, ("exponential",), init),
+                    where)
 
 
 def _cosine(a: dict[str, Any], where: str) -> list[Piece]:
@@ -150,7 +159,7 @@ def _cosine(a: dict[str, Any], where: str) -> list[Piece]:
         # optax holds alpha·init after decay_steps: warmup_cosine without warm-up, convention "optax"
         return {"name": "warmup_cosine", "warmup_steps": 0, "total_steps": steps, "eta_min": alpha * init,
                 "convention": "optax"}
-    return [Piece(None, init, fit, ("cosine", init, steps, alpha * init))]
+    return [Piece(None, init, fit, ("cosine", init, steps, alpha * init), init)]
 
 
 def _warmup_cosine(a: dict[str, Any], where: str) -> list[Piece]:
@@ -166,7 +175,7 @@ def _warmup_cosine(a: dict[str, Any], where: str) -> list[Piece]:
         _equal(peak, b, where)
         return {"name": "warmup_cosine", "warmup_steps": w, "total_steps": total, "eta_min": end,
                 "start_factor": _relative(init, b, where), "convention": "optax"}
-    return [Piece(None, peak, fit, ("warmup_cosine",))]
+    return [Piece(None, max(init, peak), fit, ("warmup_cosine",), peak)]
 
 
 def _polynomial(a: dict[str, Any], where: str) -> list[Piece]:
@@ -174,14 +183,15 @@ def _polynomial(a: dict[str, Any], where: str) -> list[Piece]:
     power, n = _number(a["power"], f"{where}.power"), _steps(a["transition_steps"], f"{where}.transition_steps")
     if power == 1.0:
         main = _linear(init, end, n, where)
-    elif end == 0:
+    elif init > 0:
         def fit(b: float) -> dict[str, Any]:
             _equal(init, b, where)
-            return {"name": "polynomial", "total_iters": n, "power": power}
-        main = Piece(None, init, fit, ("polynomial",))
+            out = {"name": "polynomial", "total_iters": n, "power": power}
+            return {**out, "end_factor": end / init} if end else out  # optax's end_value
+        main = Piece(None, max(init, end), fit, ("polynomial",), init)
     else:
-        raise UnsupportedError(f"{where}: a polynomial decay to {end!r} (not 0) has no spec schedule (torch's "
-                               f"PolynomialLR decays to 0)")
+        raise UnsupportedError(f"{where}: a polynomial from init_value = {init!r} has no spec schedule (its "
+                               f"end value is a factor of a positive start)")
     return _delayed(int(a["transition_begin"]), init, main, where)
 
 
@@ -203,7 +213,7 @@ def _piecewise(a: dict[str, Any], where: str) -> list[Piece]:
         def fit(b: float) -> dict[str, Any]:
             _equal(init, b, where)
             return {"name": "multistep", "milestones": milestones, "gamma": gamma}
-        return [Piece(None, init, fit, ("multistep",))]
+        return [Piece(None, init, fit, ("multistep",), init)]
     pieces, start = [], 0
     for boundary, scale in points:
         pieces.append(constant(value, where)._replace(length=boundary - start))
@@ -234,7 +244,7 @@ def _onecycle(a: dict[str, Any], where: str, kind: str) -> list[Piece]:
     def fit(b: float) -> dict[str, Any]:
         _equal(peak, b, where)
         return out
-    return [Piece(None, peak, fit, ("onecycle",))]
+    return [Piece(None, peak, fit, ("onecycle",), peak)]
 
 
 def _join(parts: list[list[Piece]], boundaries: list[int], where: str) -> list[Piece]:
@@ -319,13 +329,14 @@ def _merge_warmup_cosine(parts: list[Piece]) -> list[Piece]:
         _equal(peak, b, "the cosine part")
         return {"name": "warmup_cosine", "warmup_steps": n, "total_steps": n + steps, "eta_min": eta,
                 "start_factor": _relative(init, b, "the warm-up"), "convention": "optax"}
-    return [Piece(None, peak, fit, ("warmup_cosine",))]
+    return [Piece(None, max(init, peak), fit, ("warmup_cosine",), peak)]
 
 
 def schedule(desc: Any, where: str) -> tuple[float, dict[str, Any]]:
     """(base lr, `[schedule]` table) of an optax learning_rate description."""
     parts = _merge_warmup_cosine(pieces(desc, where))
-    base = max(p.peak for p in parts)
+    anchors = [p.anchor for p in parts if p.anchor is not None]
+    base = anchors[0] if anchors else max(p.peak for p in parts)  # fit() refuses anchors that disagree
     if len(parts) == 1:
         return base, parts[0].fit(base)
     milestones, total = [], 0

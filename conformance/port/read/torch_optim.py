@@ -29,18 +29,36 @@ CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Adafactor": ("adafactor", ("lr", "beta2_decay", "eps", "d", "weight_decay", "maximize")),
     "Muon": ("muon", ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
                       "adjust_lr_fn")),
+    # the schedulefree package's (its update counts per group: SF-COUNT)
+    "AdamWScheduleFree": ("schedule_free_adamw", ("lr", "betas", "eps", "weight_decay", "warmup_steps", "r",
+                                                  "weight_lr_power")),
+    "SGDScheduleFree": ("schedule_free_sgd", ("lr", "momentum", "weight_decay", "warmup_steps", "r",
+                                              "weight_lr_power")),
 }
+PACKAGES = {"AdamWScheduleFree": "schedulefree", "SGDScheduleFree": "schedulefree"}  # others: torch.optim
 KERNEL_KEYS = ("foreach", "fused", "capturable")  # same formulas, another kernel (O-KERNELS)
 SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
-INT_KEYS = ("ns_steps",)
+INT_KEYS = ("ns_steps", "warmup_steps")
+
+
+def _home(name: str) -> Any:
+    """The module a class of CLASSES must come from (torch.optim, or the schedulefree package)."""
+    import importlib
+
+    try:
+        return importlib.import_module(PACKAGES.get(name, "torch.optim"))
+    except ImportError:
+        return None
 
 
 def optimizer_name(optimizer: Any) -> str:
-    """The spec name of a torch.optim optimizer; UnsupportedError for any other class."""
+    """The spec name of a torch.optim (or schedulefree) optimizer; UnsupportedError for any other class."""
     import torch
 
     cls = type(optimizer)
     entry = CLASSES.get(cls.__name__)
+    if entry is not None and cls.__name__ in PACKAGES and getattr(_home(cls.__name__), cls.__name__, None) is cls:
+        return entry[0]
     if entry is None or getattr(torch.optim, cls.__name__, None) is not cls:
         base = next((b.__name__ for b in cls.__mro__[1:] if b.__name__ in CLASSES
                      and getattr(torch.optim, b.__name__, None) is b), None)

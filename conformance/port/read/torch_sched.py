@@ -4,8 +4,11 @@ The schedule is described from update 0 with every group's *initial* lr (`base_l
 scheduler has already changed `group["lr"]`), and the scheduler's position (`last_epoch`, the
 update its next `optimizer.step()` performs) is returned beside it. SequentialLR becomes
 `sequential` (or `warmup_cosine` with convention "torch" for its LinearLR + CosineAnnealingLR
-pair); a ChainedScheduler multiplies its parts and is refused unless it has one; LambdaLR,
-MultiplicativeLR, CyclicLR and ReduceLROnPlateau have no closed form twinstep can read.
+pair); a ChainedScheduler becomes `chained` (its parts must be chainable: factors of the current
+lr); CyclicLR becomes `cyclic` (each group's base lr its own lr); ReduceLROnPlateau becomes
+`reduce_on_plateau` before it has observed a metric (after, its best metric, counters and reduced
+lrs are state that a [schedule] does not hold). LambdaLR and MultiplicativeLR have no closed form
+twinstep can read.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ REFUSED = {
     "LambdaLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read; "
                 "use the matching lr_scheduler class or write the [schedule] section by hand",
     "MultiplicativeLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read",
-    "CyclicLR": "twinstep has no cyclic (triangular) schedule",
-    "ReduceLROnPlateau": "it follows a validation metric, not the update count (docs/contract.md §2)",
     "SWALR": "twinstep has no stochastic weight averaging schedule",
 }
 
@@ -90,6 +91,36 @@ def _onecycle(s: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _cyclic(s: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    if s._scale_fn_custom is not None:
+        raise UnsupportedError("CyclicLR with a custom scale_fn cannot be translated: its mathematics is an "
+                               "arbitrary Python function; use mode triangular, triangular2 or exp_range")
+    total, ratio = float(s.total_size), float(s.step_ratio)
+    up = round(total * ratio)
+    if float(up) / total != ratio or up < 1 or total - up < 1 or float(total) != int(total):
+        raise UnsupportedError(f"CyclicLR step sizes (total {total!r}, ratio {ratio!r}) are not whole numbers of "
+                               f"updates")
+    out = {"name": "cyclic", "max_lr": _same([float(m) for m in s.max_lrs], "CyclicLR max_lr"),
+           "step_size_up": up, "step_size_down": int(total) - up, "mode": s.mode, "gamma": float(s.gamma),
+           "cycle_momentum": bool(s.cycle_momentum)}
+    if s.cycle_momentum:
+        out["base_momentum"] = _same([float(m) for m in s.base_momentums], "CyclicLR base_momentum")
+        out["max_momentum"] = _same([float(m) for m in s.max_momentums], "CyclicLR max_momentum")
+    if s.mode != "exp_range":
+        del out["gamma"]  # torch reads it only for exp_range
+    return out
+
+
+def _plateau(s: Any) -> dict[str, Any]:
+    if s.last_epoch > 0:
+        raise UnsupportedError(f"ReduceLROnPlateau has observed {s.last_epoch} metrics: its best value, counters "
+                               f"and reduced lrs are state a [schedule] cannot hold; translate it before its "
+                               f"first step")
+    return {"name": "reduce_on_plateau", "mode": s.mode, "factor": float(s.factor), "patience": int(s.patience),
+            "threshold": float(s.threshold), "threshold_mode": s.threshold_mode, "cooldown": int(s.cooldown),
+            "min_lr": _same([float(m) for m in s.min_lrs], "ReduceLROnPlateau min_lr"), "eps": float(s.eps)}
+
+
 def _milestones(s: Any) -> list[int]:
     counts = s.milestones
     repeated = [m for m, n in counts.items() if n > 1]
@@ -120,6 +151,10 @@ def _single(s: Any, name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
         return {"name": "cosine_restarts", "t_0": int(s.T_0), "t_mult": int(s.T_mult), "eta_min": float(s.eta_min)}
     if name == "OneCycleLR":
         return _onecycle(s, groups)
+    if name == "CyclicLR":
+        return _cyclic(s, groups)
+    if name == "ReduceLROnPlateau":
+        return _plateau(s)
     raise UnsupportedError(f"{name} cannot be translated: twinstep has no such schedule")
 
 
@@ -139,9 +174,10 @@ def _sequential(s: Any, groups: list[dict[str, Any]], base: list[float]) -> dict
     parts = []
     for i, child in enumerate(s._schedulers):
         name = _class(child)
-        if name in ("SequentialLR", "ChainedScheduler", "OneCycleLR"):
+        if name in ("SequentialLR", "ChainedScheduler", "OneCycleLR", "CyclicLR", "ReduceLROnPlateau"):
             raise UnsupportedError(f"SequentialLR part {i} is a {name}; twinstep's sequential parts cannot be "
-                                   f"sequential, chained or onecycle (torch cannot restart them at a milestone)")
+                                   f"sequential, chained, onecycle, cyclic or reduce_on_plateau (torch cannot "
+                                   f"restart them at a milestone)")
         if [float(b) for b in child.base_lrs] != base:
             raise UnsupportedError(f"SequentialLR part {i} starts from other base lrs {child.base_lrs} than {base}")
         parts.append(_single(child, name, groups))
@@ -157,7 +193,35 @@ def _base_lrs(scheduler: Any, name: str, groups: list[dict[str, Any]]) -> list[f
         return [float(g["initial_lr"]) for g in groups]
     if name == "ChainedScheduler":
         return [float(b) for b in scheduler._schedulers[0].base_lrs]
-    return [float(b) for b in scheduler.base_lrs]
+    if name == "ReduceLROnPlateau":
+        return [float(g["lr"]) for g in groups]  # it keeps no base lrs; before its first step, the groups' lr
+    return [float(b) for b in scheduler.base_lrs]  # CyclicLR: base_lr per group
+
+
+CHAINABLE = ("ConstantLR", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR", "PolynomialLR")
+
+
+def _chained(scheduler: Any, optimizer: Any) -> Read:
+    """ChainedScheduler: every part a factor of the current lr (conformance/config/schedule_checks.py)."""
+    parts = list(scheduler._schedulers)
+    if len(parts) == 1:  # one part: that scheduler itself
+        inner = read_scheduler(parts[0], optimizer)
+        return Read(inner.schedule, inner.lrs, int(parts[0].last_epoch))
+    groups, base = optimizer.param_groups, [float(b) for b in parts[0].base_lrs]
+    tables, positions = [], set()
+    for i, part in enumerate(parts):
+        name = _class(part)
+        if name not in CHAINABLE:
+            raise UnsupportedError(f"ChainedScheduler part {i} is a {name}, which sets the lr rather than "
+                                   f"multiplying it; twinstep's chained parts are {', '.join(CHAINABLE)}")
+        if name == "CosineAnnealingLR" and part.eta_min != 0:
+            raise UnsupportedError(f"ChainedScheduler part {i}: CosineAnnealingLR(eta_min = {part.eta_min!r}) "
+                                   f"anneals lr − eta_min, which does not multiply; chained needs eta_min = 0")
+        tables.append(_single(part, name, groups))
+        positions.add(_int(part.last_epoch, f"ChainedScheduler part {i} last_epoch"))
+    if len(positions) != 1:
+        raise UnsupportedError(f"ChainedScheduler parts were stepped different numbers of times ({sorted(positions)})")
+    return Read({"name": "chained", "schedulers": tables}, base, positions.pop())
 
 
 def read_scheduler(scheduler: Any, optimizer: Any) -> Read:
@@ -167,17 +231,11 @@ def read_scheduler(scheduler: Any, optimizer: Any) -> Read:
         raise UnsupportedError(f"the {name} was built on another optimizer than the one given")
     groups = optimizer.param_groups
     if name == "ChainedScheduler":
-        parts = list(scheduler._schedulers)
-        if len(parts) != 1:
-            raise UnsupportedError(f"ChainedScheduler of {len(parts)} schedulers cannot be translated: it "
-                                   f"multiplies their factors at every update, and twinstep's sequential runs "
-                                   f"schedules one after another")
-        inner = read_scheduler(parts[0], optimizer)
-        return Read(inner.schedule, inner.lrs, int(parts[0].last_epoch))
+        return _chained(scheduler, optimizer)
     base = _base_lrs(scheduler, name, groups)
     if name == "SequentialLR":
         schedule = _sequential(scheduler, groups, base)
     else:
         schedule = _single(scheduler, name, groups)
-    position = _int(scheduler.last_epoch, f"{name}.last_epoch")
+    position = 0 if name == "ReduceLROnPlateau" else _int(scheduler.last_epoch, f"{name}.last_epoch")
     return Read(schedule, base, position)

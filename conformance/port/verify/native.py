@@ -17,7 +17,8 @@ from conformance.port.verify.traces import MicroBatch, Trace
 def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
                      windows: list[list[MicroBatch]]) -> Trace:
     """Step native torch objects over the stream (one micro-batch per update, no skips): set every
-    parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step()."""
+    parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step() (not
+    ReduceLROnPlateau's, which needs a metric)."""
     import torch
 
     group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
@@ -29,8 +30,8 @@ def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
         lrs = {name: float(optimizer.param_groups[group_of[id(p)]]["lr"]) for name, p in named.items()
                if id(p) in group_of}
         optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        if scheduler is not None and type(scheduler).__name__ != "ReduceLROnPlateau":
+            scheduler.step()  # a gradient stream has no metric: a plateau's lr holds, as the spec's does
         out.params.append({k: p.detach().double().numpy().copy() for k, p in named.items()})
         out.lrs.append(lrs)
         out.skipped.append(False)
@@ -45,6 +46,10 @@ def build_optax(tx: Any, x64: bool = True) -> Any:
     evaluated at a float64 count when `x64`: the spec's mathematics, not optax's float32 counts)."""
     import jax.numpy as jnp
     import optax
+    import optax.contrib
+
+    def find(name: str) -> Any:  # optax's transforms, and optax.contrib's schedule-free ones
+        return getattr(optax, name, None) or getattr(optax.contrib, name, None)
 
     def value(v: Any) -> Any:
         if isinstance(v, list):
@@ -53,19 +58,19 @@ def build_optax(tx: Any, x64: bool = True) -> Any:
             (name, args), = v.items()
             if name == "chain":
                 return optax.chain(*[value(x) for x in args])
-            if hasattr(optax, name) and isinstance(args, Mapping):
+            if find(name) is not None and isinstance(args, Mapping):
                 kwargs = {k: value(a) for k, a in args.items()}
                 if name == "piecewise_constant_schedule" and kwargs.get("boundaries_and_scales"):
                     kwargs["boundaries_and_scales"] = {int(k): s for k, s in args["boundaries_and_scales"].items()}
                 if name.endswith(("schedule", "schedules")) or name == "exponential_decay":
-                    sched = getattr(optax, name)(**kwargs)
+                    sched = find(name)(**kwargs)
                     return (lambda c, s=sched: s(jnp.asarray(c, jnp.float64))) if x64 else sched
                 if name == "MultiSteps":
                     kwargs["accumulator_dtype"] = jnp.float64 if x64 else jnp.float32
-                return getattr(optax, name)(**kwargs)
+                return find(name)(**kwargs)
         return v
 
-    if isinstance(tx, Mapping) and set(tx) <= {"chain", "MultiSteps"} | set(dir(optax)):
+    if isinstance(tx, Mapping) and set(tx) <= {"chain", "MultiSteps"} | set(dir(optax)) | set(dir(optax.contrib)):
         return value(tx if len(tx) == 1 else [{k: v} for k, v in tx.items()])
     return value(tx)
 

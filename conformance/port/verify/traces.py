@@ -30,6 +30,7 @@ class Trace(NamedTuple):
     lrs: list[dict[str, float]]  # the lr each parameter's group had for the update
     skipped: list[bool]
     scales: list[float | None]  # the loss scale in force at each update (None: no dynamic scaling)
+    ema: list[dict[str, np.ndarray] | None] | None = None  # a snippet's weights' EMA after each update ([ema])
 
 
 def gradient_stream(shapes: Mapping[str, Sequence[int]], updates: int, micro: int = 1, seed: int = 0,
@@ -125,7 +126,7 @@ def run_torch_snippet(code: str, config: Config, params: Mapping[str, np.ndarray
     named = dict(model.named_parameters())
     updater = ns["Updater"](model)
     group_of = {id(p): i for i, g in enumerate(updater.optimizer.param_groups) for p in g["params"]}
-    out = Trace([], [], [], [])
+    out = Trace([], [], [], [], [])
     for window in windows:
         lrs = {n: float(updater.optimizer.param_groups[group_of[id(p)]]["lr"]) for n, p in named.items()}
         out.scales.append(updater.scaler.get_scale() if updater.scaler else None)
@@ -133,6 +134,10 @@ def run_torch_snippet(code: str, config: Config, params: Mapping[str, np.ndarray
                   torch.tensor(mb["count"], dtype=dt)) for mb in window]
         metrics = updater(batch, *_loss_fns(config))
         out.params.append({k: named[k].detach().double().numpy().copy() for k in params})
+        if hasattr(updater, "ema"):  # AveragedModel: its copy of the model, once it has averaged
+            averaged = dict(updater.ema.module.named_parameters())
+            out.ema.append({k: averaged[k].detach().double().numpy().copy() for k in params}
+                           if int(updater.ema.n_averaged) else None)
         out.lrs.append(lrs)
         out.skipped.append(bool(metrics["skipped"]))
     return out
@@ -156,12 +161,16 @@ def run_optax_snippet(code: str, config: Config, params: Mapping[str, np.ndarray
     index = {k: ns["group_index"](k, np.ndim(v)) for k, v in params.items()}
     out = Trace([], [], [], [])
     dynamic = config.precision.dynamic_scaling
+    out = Trace([], [], [], [], [])
     for window in windows:
         out.scales.append(float(state.scale) if dynamic else None)
         batch = [(({k: jnp.asarray(v, dt) for k, v in mb["g"].items()}, jnp.asarray(mb["poison"], dt)),
                   jnp.asarray(mb["count"], dt)) for mb in window]
         state, metrics = step(state, batch)
         out.params.append({k: np.asarray(v, np.float64) for k, v in state.params.items()})
+        if hasattr(state, "ema"):
+            out.ema.append({k: np.asarray(v, np.float64) for k, v in state.ema.items()} if bool(state.ema_started)
+                           else None)
         out.lrs.append({k: float(metrics["lr"][i]) for k, i in index.items()})
         out.skipped.append(bool(metrics["skipped"]))
     return out

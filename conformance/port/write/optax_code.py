@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.config import Config
+from conformance.errors import UnsupportedError
 from conformance.port.write import optax_parts as parts
 from conformance.port.write.common import block, header, layout, layout_code, lit
 from conformance.port.write.schedule_code import (
@@ -33,6 +34,11 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
     def use(*texts: str) -> None:
         need.extend(t for t in texts if t not in need)
 
+    if name in ("schedule_free_adamw", "schedule_free_sgd"):
+        return _schedule_free(name, hp, i, cycled, use)
+    if hp.get("eps_hat") and (name not in ("adam", "adamw") or (hp["amsgrad"] and hp["amsgrad_variant"] != "torch")):
+        raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) is not written out for optax; "
+                               f"use twinstep's JAX backend (ref_jax) for it")
     if hp.get("maximize"):
         out.append("optax.scale(-1.0)")  # torch negates the gradient before the weight decay
     wd = hp.get("weight_decay", 0.0)
@@ -52,7 +58,10 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
     elif name in ("adam", "adamw"):
         eps, root = lit(hp["eps"]), lit(hp["eps_root"])
         variant = hp["amsgrad_variant"] if hp["amsgrad"] else None
-        if variant == "torch":
+        if hp["eps_hat"]:
+            use(parts.COUNT, parts.EPS_HAT)
+            out.append(f"adam_eps_hat({b1}, {b2}, {eps}, amsgrad={variant is not None})")
+        elif variant == "torch":
             use(parts.COUNT, parts.AMSGRAD)
             out.append(f"torch_amsgrad({b1}, {b2}, {eps}, {root})")
         elif variant is not None:
@@ -103,6 +112,29 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
         out.append(f"optax.add_decayed_weights({lit(wd)})")  # decoupled: lr * wd * p
     out.append(f"optax.scale_by_learning_rate({lr})")
     return "optax.chain(\n            " + ",\n            ".join(out) + ",\n        )"
+
+
+def _schedule_free(name: str, hp: dict[str, Any], i: int, cycled: str | None, use: Any) -> str:
+    """optax.contrib.schedule_free around the chain schedulefree's update takes: AdamW's is
+    scale_by_rms with bias correction (no first moment), both decay at y, the warm-up inside."""
+    if hp["r"]:
+        raise UnsupportedError(f"to_code: {name} with r = {hp['r']} (polynomial averaging weights) has no "
+                               f"optax.contrib.schedule_free argument; use r = 0 or twinstep's JAX backend")
+    use(parts.WARMUP)
+    warm = hp["warmup_steps"]
+    inner = []
+    if name == "schedule_free_adamw":
+        inner.append(f"optax.scale_by_rms(decay={lit(hp['betas'][1])}, eps={lit(hp['eps'])}, eps_in_sqrt=False, "
+                     f"bias_correction=True)")
+        beta = f"momentum_{i}" if cycled == "beta1" else lit(hp["betas"][0])
+    else:
+        beta = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
+    if hp["weight_decay"]:
+        inner.append(f"optax.add_decayed_weights({lit(hp['weight_decay'])})")  # at y, before the lr
+    inner.append(f"optax.scale_by_learning_rate(free_lr(lr_{i}, {warm}, ahead=1))")
+    return (f"optax.contrib.schedule_free(\n            optax.chain({', '.join(inner)}),\n"
+            f"            learning_rate=free_lr(lr_{i}, {warm}), b1={beta}, "
+            f"weight_lr_power={lit(hp['weight_lr_power'])})")
 
 
 def _clip(config: Config, need: list[str]) -> str | None:

@@ -1,6 +1,7 @@
 """Source text of the custom optax transforms a snippet writes out where optax's own math differs
-from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Adagrad with eps outside the
-root, NAdam's momentum schedule, RAdam, Adafactor, Muon, and clip_grad_norm_'s eps."""
+from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Keras's eps_hat, Adagrad with
+eps outside the root, NAdam's momentum schedule, RAdam, Adafactor, Muon, clip_grad_norm_'s eps,
+and the schedule-free warm-up."""
 
 from __future__ import annotations
 
@@ -44,6 +45,34 @@ def torch_amsgrad(b1, b2, eps, eps_root=0.0):
         out = jax.tree.map(lambda m, vm: (m / bc1) / den(vm), m, v_max)
         return out, {"count": t, "m": m, "v": v, "v_max": v_max}
     return optax.GradientTransformation(init, update)
+'''
+
+EPS_HAT = '''
+def adam_eps_hat(b1, b2, eps, amsgrad=False):
+    """Keras's Adam (eps_hat): sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps), eps on the raw
+    sqrt(v) (with amsgrad: the max of the raw v, as torch and Keras keep it)."""
+    def init(params):
+        return _count_state(params, "m", "v", "v_max")
+    def update(g, s, params=None):
+        t = s["count"] + 1
+        m = jax.tree.map(lambda m, x: b1 * m + (1 - b1) * x, s["m"], g)
+        v = jax.tree.map(lambda v, x: b2 * v + (1 - b2) * x * x, s["v"], g)
+        v_max = jax.tree.map(jnp.maximum, s["v_max"], v) if amsgrad else s["v_max"]
+        step = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        out = jax.tree.map(lambda m, v: step * m / (jnp.sqrt(v) + eps), m, v_max if amsgrad else v)
+        return out, {"count": t, "m": m, "v": v, "v_max": v_max}
+    return optax.GradientTransformation(init, update)
+'''
+
+WARMUP = '''
+def free_lr(lr, warmup_steps, ahead=0):
+    """schedulefree's warmed-up lr lr*min(1, k/warmup_steps) at count k = c + ahead (counts as float64:
+    S-INT32). optax.contrib.schedule_free evaluates its schedule at counts from 1, the chain it wraps
+    from 0: the wrapped chain's lr goes one count ahead (SF-OPTAX), as schedulefree's update does."""
+    def schedule(c):
+        k = jnp.asarray(c, WIDE) + ahead
+        return lr * (jnp.minimum(1.0, k / warmup_steps) if warmup_steps else 1.0)
+    return schedule
 '''
 
 ADAGRAD = '''

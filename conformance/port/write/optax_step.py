@@ -39,6 +39,49 @@ def _policy(config: Config) -> str:
     return "\n".join(lines)
 
 
+def _ema_fields(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    pad = "\n" + " " * 12  # the class body's indentation in the template below
+    return (f"{pad}ema: dict               # [ema]: the weights' EMA (float32, float64 for float64 weights)"
+            f"{pad}ema_started: jax.Array  # the first due update copies the weights"
+            f"{pad}update: jax.Array       # updates done, skipped ones too")
+
+
+def _ema_init(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    return (", {k: jnp.zeros(v.shape, jnp.float64 if v.dtype == jnp.float64 else jnp.float32) "
+            "for k, v in params.items()},\n                      jnp.asarray(False), zero")
+
+
+def _ema_state(config: Config) -> str:
+    if not config.ema.enabled:
+        return ""
+    return ",\n                               *ema_update(state, keep(new_params, state.params), finite)"
+
+
+def ema_code(config: Config) -> str:
+    """ema_update(state, params, finite) -> (ema, started, update) of the optax snippet ([ema])."""
+    if not config.ema.enabled:
+        return ""
+    e = config.ema
+    w = 1.0 - float(e.decay)  # type: ignore[arg-type]
+    mix = (f"e + {lit(w)} * (q - e)" if w < 0.5 else f"q + {lit(w - 1)} * (q - e)")  # torch's lerp(e, q, w)
+    return block(f'''
+        def ema_update(state, params, finite):
+            """[ema] after an update: due when applied, update >= {e.start} and (update - {e.start}) % {e.every} == 0;
+            the first due update copies the weights, later ones lerp(ema, p, 1 - decay) (torch's lerp)."""
+            due = finite & (state.update >= {e.start}) & ((state.update - {e.start}) % {e.every} == 0)
+
+            def move(e, p):
+                q = p.astype(e.dtype)
+                return jnp.where(due, jnp.where(state.ema_started, {mix}, q), e)
+
+            return jax.tree.map(move, state.ema, params), state.ema_started | due, state.update + 1
+        ''')
+
+
 def _lines(text: str, indent: int) -> list[str]:
     return block(text, indent).split("\n") if text else []
 
@@ -64,13 +107,13 @@ def step_code(config: Config) -> str:
             scale: jax.Array        # the loss scale (float32; 1 without dynamic scaling)
             growth_tracker: jax.Array
             position: jax.Array     # the schedule's update count (held on skipped updates)
-            skipped_in_a_row: jax.Array
+            skipped_in_a_row: jax.Array{_ema_fields(config)}
 
 
         def init(params):
             params = {{k: jnp.asarray(v, PARAM_DTYPE) for k, v in params.items()}}
             zero = jnp.zeros([], jnp.int32)
-            return TrainState(params, TX.init(params), jnp.asarray(INIT_SCALE, jnp.float32), zero, zero, zero)
+            return TrainState(params, TX.init(params), jnp.asarray(INIT_SCALE, jnp.float32), zero, zero, zero{_ema_init(config)})
 
 
         def grad_norm(grads):
@@ -117,8 +160,11 @@ def step_code(config: Config) -> str:
     step += _lines('''
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         s = (state.position // UPDATES_PER_EPOCH).astype(WIDE)  # the schedule step
-        hyper = {f"lr_{i}": jnp.asarray(fn(s), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}
         ''', 8)
+    if config.schedule.name == "reduce_on_plateau":  # the lrs observe() left in the state
+        step += _lines('hyper = {f"lr_{i}": state.opt_state.hyperparams[f"lr_{i}"] for i in range(len(LR_SCHEDULES))}', 8)
+    else:
+        step += _lines('hyper = {f"lr_{i}": jnp.asarray(fn(s), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}', 8)
     if _momentum_marker(config):
         step += _lines('hyper.update({f"momentum_{i}": jnp.asarray(MOMENTUM_SCHEDULE(s), PARAM_DTYPE) '
                        'for i in range(len(LR_SCHEDULES))})', 8)
@@ -133,7 +179,7 @@ def step_code(config: Config) -> str:
         position = state.position + jnp.asarray({advance}, jnp.int32)  # schedule_on_skip = "{p.schedule_on_skip}"
         skips = jnp.where(finite, 0, state.skipped_in_a_row + 1).astype(jnp.int32)
         new_state = TrainState(keep(new_params, state.params), keep(new_opt, opt_state), scale, tracker,
-                               position, skips)
+                               position, skips{_ema_state(config)})
         metrics = {{"loss": loss, "grad_norm": grad_norm(grads), "skipped": ~finite,
                    "lr": [hyper[f"lr_{{i}}"] for i in range(len(LR_SCHEDULES))]}}
         return new_state, metrics
@@ -142,7 +188,56 @@ def step_code(config: Config) -> str:
         def train_step(state, window):
             state, metrics = step(state, window)
         ''', 4) + _lines(_policy(config), 8) + ["        return state, metrics", "", "    return train_step"]
-    return "\n".join(head + grads + [""] + step + [""] + host)
+    out = "\n".join(head + grads + [""] + step + [""] + host)
+    if config.schedule.name == "reduce_on_plateau":
+        out = _plateau_code(config, out)
+    ema = ema_code(config)
+    return out + ("\n\n\n" + ema if ema else "")
+
+
+def _plateau_code(config: Config, code: str) -> str:
+    """reduce_on_plateau: init() puts each group's lr in the injected hyper-parameters, the step
+    keeps them, and observe(state, plateau, metric) is torch's ReduceLROnPlateau.step on the host
+    (plateau_init() to start)."""
+    s = config.schedule
+    code = code.replace(
+        "    return TrainState(params, TX.init(params), ",
+        "    opt_state = TX.init(params)\n"
+        "    lrs = {f\"lr_{i}\": jnp.asarray(fn(0.0), PARAM_DTYPE) for i, fn in enumerate(LR_SCHEDULES)}\n"
+        "    opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, **lrs})\n"
+        "    return TrainState(params, opt_state, ")
+    better = {("min", "rel"): f"metric < best * (1 - {lit(s.threshold)})", ("min", "abs"): f"metric < best - {lit(s.threshold)}",
+              ("max", "rel"): f"metric > best * (1 + {lit(s.threshold)})", ("max", "abs"): f"metric > best + {lit(s.threshold)}"}
+    worst = "math.inf" if s.mode == "min" else "-math.inf"
+    return code + "\n\n\n" + block(f'''
+        class Plateau(NamedTuple):
+            """reduce_on_plateau's state: torch's ReduceLROnPlateau attributes, each group's lr (float64)."""
+            best: float
+            num_bad_epochs: int
+            cooldown_counter: int
+            lrs: tuple
+
+
+        def plateau_init():
+            return Plateau({worst}, 0, 0, tuple(float(fn(0.0)) for fn in LR_SCHEDULES))
+
+
+        def observe(state, plateau, metric):
+            """The {s.monitor} of an evaluation after an update -> (state, plateau): torch's
+            ReduceLROnPlateau.step (mode {s.mode!r}, threshold_mode {s.threshold_mode!r})."""
+            best, bad, cooldown, lrs = plateau
+            metric = float(metric)
+            best, bad = (metric, 0) if {better[(s.mode, s.threshold_mode)]} else (best, bad + 1)
+            if cooldown > 0:
+                cooldown, bad = cooldown - 1, 0
+            if bad <= {s.patience}:
+                return state, Plateau(best, bad, cooldown, lrs)
+            lower = [max(old * {lit(s.factor)}, {lit(s.min_lr)}) for old in lrs]
+            lrs = tuple(new if old - new > {lit(s.eps)} else old for old, new in zip(lrs, lower))
+            hyper = {{**state.opt_state.hyperparams, **{{f"lr_{{i}}": jnp.asarray(x, PARAM_DTYPE) for i, x in enumerate(lrs)}}}}
+            state = state._replace(opt_state=state.opt_state._replace(hyperparams=hyper))
+            return state, Plateau(best, 0, {s.cooldown}, lrs)
+        ''')
 
 
 def _momentum_marker(config: Config) -> str:

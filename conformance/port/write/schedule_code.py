@@ -1,10 +1,13 @@
 """The `[schedule]` section as code: torch.optim.lr_scheduler objects, or optax schedules.
 
 Both mirror the backends exactly (ref_torch/_schedules.py and ref_jax/_schedules.py): the torch
-classes of the same meaning, LambdaLR only where torch has no class, composite schedules flattened
-into one SequentialLR; on the optax side optax's schedules where their mathematics is the spec's
-and small closed forms where it is not (torch's cosine past t_max, OneCycleLR's fractional phase
-ends, warm restarts for ever), every one a function of a float schedule step.
+classes of the same meaning (ChainedScheduler, CyclicLR, ReduceLROnPlateau included), LambdaLR
+only where torch has no class, composite schedules flattened into one SequentialLR; on the optax
+side optax's schedules where their mathematics is the spec's and small closed forms where it is
+not (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm restarts for ever with
+Keras's m_mul, an exact staircase, CyclicLR's triangles, a chained product), every one a function
+of a float schedule step. reduce_on_plateau follows observed metrics: the torch snippet's Updater
+and the optax snippet's `observe` feed them (`plateau_step`, torch's ReduceLROnPlateau.step).
 """
 
 from __future__ import annotations
@@ -18,8 +21,41 @@ Segment = tuple[int | None, str]  # (length or None = open-ended, expression bui
 # ------------------------------------------------------------------ torch
 
 
+def _factor(expr: str) -> str:
+    # LambdaLR multiplies each group's base lr by a factor: where torch has no class
+    return f"lr_scheduler.LambdaLR(optimizer, lambda s: {expr})"
+
+
+def _restart_factor(s: ScheduleSpec) -> str:
+    return _per_group(f"restart_value(s, b, {s.t_0}, {s.t_mult}, {lit(s.m_mul)}, {lit(s.eta_min)})")
+
+
 def _torch_single(s: ScheduleSpec) -> str:
     name = s.name
+    if name in ("step", "exponential") and s.end_factor is not None:
+        k, bound = (s.step_size if name == "step" else 1), ("max" if s.gamma < 1 else "min")
+        return _factor(f"{bound}({lit(s.gamma)} ** (s // {k}), {lit(s.end_factor)})")
+    if name == "linear" and (s.start_factor > 1 or s.end_factor > 1):
+        return _factor(f"{lit(s.start_factor)} + ({lit(s.end_factor)} - {lit(s.start_factor)}) * "
+                       f"min(s, {s.total_iters}) / {s.total_iters}")
+    if name == "polynomial" and s.end_factor:
+        return _factor(f"{lit(s.end_factor)} + (1.0 - {lit(s.end_factor)}) * (1.0 - min(s, {s.total_iters}) / "
+                       f"{s.total_iters}) ** {lit(s.power)}")
+    if name == "cosine_restarts" and s.m_mul != 1:
+        return _restart_factor(s)
+    if name == "chained":
+        parts = ",\n        ".join(_torch_single(p) for p in s.schedulers)
+        return f"lr_scheduler.ChainedScheduler([\n        {parts},\n    ], optimizer)"
+    if name == "cyclic":
+        base = lit(s.base_lr) if s.base_lr is not None else "base"
+        return (f"lr_scheduler.CyclicLR(\n        optimizer, base_lr={base}, max_lr={lit(s.max_lr)}, "
+                f"step_size_up={s.step_size_up}, step_size_down={s.step_size_down},\n        mode={lit(s.mode)}, "
+                f"gamma={lit(s.gamma)}, cycle_momentum={s.cycle_momentum}, base_momentum={lit(s.base_momentum)}, "
+                f"max_momentum={lit(s.max_momentum)})")
+    if name == "reduce_on_plateau":
+        return (f"lr_scheduler.ReduceLROnPlateau(\n        optimizer, mode={lit(s.mode)}, factor={lit(s.factor)}, "
+                f"patience={s.patience}, threshold={lit(s.threshold)},\n        threshold_mode={lit(s.threshold_mode)}, "
+                f"cooldown={s.cooldown}, min_lr={lit(s.min_lr)}, eps={lit(s.eps)})")
     if name == "constant":
         return f"lr_scheduler.ConstantLR(optimizer, factor={lit(s.factor or 1.0)}, total_iters={s.total_iters or 1})"
     if name == "step":
@@ -49,10 +85,13 @@ def _torch_single(s: ScheduleSpec) -> str:
 
 
 def _warmup(s: ScheduleSpec) -> str:
-    if s.start_factor > 0:
+    if 0 < s.start_factor <= 1:
         return (f"lr_scheduler.LinearLR(optimizer, start_factor={lit(s.start_factor)}, end_factor=1.0, "
                 f"total_iters={s.warmup_steps})")
-    return f"lr_scheduler.LambdaLR(optimizer, lambda s: s / {s.warmup_steps})"  # LinearLR cannot start at 0
+    if s.start_factor == 0:
+        return f"lr_scheduler.LambdaLR(optimizer, lambda s: s / {s.warmup_steps})"  # LinearLR cannot start at 0
+    sf = lit(s.start_factor)  # from above the peak: LinearLR refuses start_factor > 1
+    return _factor(f"{sf} + (1.0 - {sf}) * s / {s.warmup_steps}")
 
 
 def _per_group(expr: str) -> str:
@@ -106,6 +145,26 @@ def _truncate(segments: list[Segment], length: int | None) -> list[Segment]:
     return out
 
 
+TORCH_HELPERS = {
+    "restart_value": '''
+def restart_value(s, b, t_0, t_mult, m_mul, eta_min):
+    """Warm restarts (exact integer cycles) whose peak above eta_min is multiplied by m_mul at each
+    restart (Keras's CosineDecayRestarts; CosineAnnealingWarmRestarts has no m_mul)."""
+    i, start, length = (s // t_0, s - s % t_0, t_0) if t_mult == 1 else (0, 0, t_0)
+    while s >= start + length:
+        start, length, i = start + length, length * t_mult, i + 1
+    return eta_min + (b - eta_min) * m_mul ** i * (1 + math.cos(math.pi * (s - start) / length)) / 2
+''',
+}
+
+
+def torch_helpers(s: ScheduleSpec) -> str:
+    """Helper functions the torch scheduler code calls (module level)."""
+    parts = s.schedulers or [] if s.name in ("sequential", "chained") else [s]
+    used = any(p.name == "cosine_restarts" and p.m_mul != 1 for p in parts)
+    return TORCH_HELPERS["restart_value"].strip("\n") if used else ""
+
+
 def torch_scheduler_code(s: ScheduleSpec) -> str:
     """The body of `build_scheduler(optimizer)` (returns the scheduler; `base` = each group's lr)."""
     kept = [(n, e) for n, e in torch_segments(s) if n != 0]
@@ -134,19 +193,34 @@ def torch_cosine(b, eta, t_max):
     return schedule
 ''',
     "restarts": '''
-def restarts(b, t_0, t_mult, eta):
-    """CosineAnnealingWarmRestarts: restarts for ever (optax.sgdr_schedule stops after its list)."""
+def restarts(b, t_0, t_mult, eta, m_mul=1.0):
+    """CosineAnnealingWarmRestarts: restarts for ever (optax.sgdr_schedule stops after its list);
+    each restart's peak above eta multiplied by m_mul (Keras's CosineDecayRestarts)."""
     starts, lengths = [0], [t_0]
     while t_mult > 1 and starts[-1] <= 2**53:
         starts.append(starts[-1] + lengths[-1])
         lengths.append(lengths[-1] * t_mult)
     def schedule(s):
         if t_mult == 1:
-            t_cur, t_i = jnp.mod(s, t_0), t_0
+            i, t_cur, t_i = s // t_0, jnp.mod(s, t_0), t_0
         else:
             i = jnp.searchsorted(jnp.asarray(starts, s.dtype), s, side="right") - 1
             t_cur, t_i = s - jnp.asarray(starts, s.dtype)[i], jnp.asarray(lengths, s.dtype)[i]
-        return eta + (b - eta) * (1 + jnp.cos(jnp.pi * t_cur / t_i)) / 2
+        return eta + (b - eta) * m_mul ** i * (1 + jnp.cos(jnp.pi * t_cur / t_i)) / 2
+    return schedule
+''',
+    "cyclic": '''
+def cyclic(b, top, up, down, mode, gamma):
+    """CyclicLR's triangles: b -> top over `up` updates, back over `down` (triangular2: the
+    amplitude halves every cycle; exp_range: times gamma ** s). Called with b = top = 0 and 1 it
+    is the fraction of the amplitude (momentum cycles against it)."""
+    total = float(up + down)
+    def schedule(s):
+        cycle = 1 + s // total  # exact: floor(s / total) is not under XLA
+        x = 1.0 + s / total - cycle
+        h = jnp.where(x <= up / total, x / (up / total), (x - 1) / (up / total - 1))
+        scale = {"triangular": 1.0, "triangular2": 1 / (2.0 ** (cycle - 1)), "exp_range": gamma ** s}[mode]
+        return b + (top - b) * h * scale
     return schedule
 ''',
     "onecycle": '''
@@ -187,12 +261,16 @@ def optax_schedule(s: ScheduleSpec, used: set[str], b: str = "b") -> str:
         if s.factor is None:
             return f"optax.constant_schedule({b})"
         return f"optax.piecewise_constant_schedule({b} * {lit(s.factor)}, {{{s.total_iters}: 1.0 / {lit(s.factor)}}})"
-    if name == "step":
-        return f"optax.exponential_decay({b}, {s.step_size}, {lit(s.gamma)}, staircase=True)"
+    if name == "step":  # optax's staircase lands early at some boundaries under a float64 count
+        value = f"{b} * {lit(s.gamma)} ** (s // {s.step_size})"
+        if s.end_factor is not None:
+            value = f"jnp.{'maximum' if s.gamma < 1 else 'minimum'}({value}, {b} * {lit(s.end_factor)})"
+        return f"lambda s: {value}"
     if name == "multistep":
         return f"optax.piecewise_constant_schedule({b}, {{m: {lit(s.gamma)} for m in {list(s.milestones)}}})"
     if name == "exponential":
-        return f"optax.exponential_decay({b}, 1, {lit(s.gamma)})"
+        end = "" if s.end_factor is None else f", end_value={b} * {lit(s.end_factor)}"
+        return f"optax.exponential_decay({b}, 1, {lit(s.gamma)}{end})"
     if name == "cosine":
         used.add("torch_cosine")
         return f"torch_cosine({b}, {lit(s.eta_min)}, {s.t_max})"
@@ -200,14 +278,15 @@ def optax_schedule(s: ScheduleSpec, used: set[str], b: str = "b") -> str:
         return (f"optax.linear_schedule({b} * {lit(s.start_factor)}, {b} * {lit(s.end_factor)}, "
                 f"{s.total_iters})")
     if name == "polynomial":
-        return f"optax.polynomial_schedule({b}, 0.0, {lit(s.power)}, {s.total_iters})"
+        end = f"{b} * {lit(s.end_factor)}" if s.end_factor else "0.0"
+        return f"optax.polynomial_schedule({b}, {end}, {lit(s.power)}, {s.total_iters})"
     if name == "onecycle":
         used.add("onecycle")
         peak = lit(s.max_lr) if s.max_lr is not None else b
         return f"onecycle({lit(s.anneal_strategy)}, {_phases(s, peak)})"
     if name == "cosine_restarts":
         used.add("restarts")
-        return f"restarts({b}, {s.t_0}, {s.t_mult}, {lit(s.eta_min)})"
+        return f"restarts({b}, {s.t_0}, {s.t_mult}, {lit(s.eta_min)}, {lit(s.m_mul)})"
     if name == "warmup_cosine":
         w, total, eta = s.warmup_steps, s.total_steps, lit(s.eta_min)
         if s.convention == "optax":
@@ -223,6 +302,16 @@ def optax_schedule(s: ScheduleSpec, used: set[str], b: str = "b") -> str:
     if name == "sequential":
         parts = ", ".join(optax_schedule(p, used, b) for p in s.schedulers)
         return f"optax.join_schedules([{parts}], {list(s.milestones)})"
+    if name == "chained":  # ChainedScheduler: the product of every part's factor
+        factors = " * ".join(f"({optax_schedule(p, used, '1.0')})(s)" for p in s.schedulers)
+        return f"lambda s: {b} * {factors}"
+    if name == "cyclic":
+        used.add("cyclic")
+        base = lit(s.base_lr) if s.base_lr is not None else b
+        return (f"cyclic({base}, {lit(s.max_lr)}, {s.step_size_up}, {s.step_size_down}, {lit(s.mode)}, "
+                f"{lit(s.gamma)})")
+    if name == "reduce_on_plateau":
+        return f"optax.constant_schedule({b})"  # between observations the lr holds; observe() moves it
     raise ValueError(name)
 
 
@@ -239,11 +328,17 @@ def _optax_wsd(s: ScheduleSpec, b: str, warm: str) -> str:
 
 
 def momentum_schedule(s: ScheduleSpec, used: set[str]) -> str:
-    """onecycle's cycled momentum (or beta1) as an expression."""
+    """onecycle's / cyclic's cycled momentum (or beta1) as an expression."""
+    if s.name == "cyclic":  # against the lr: max_momentum − (max − base)·(the lr's fraction of its amplitude)
+        used.add("cyclic")
+        hi, lo = lit(s.max_momentum), lit(s.base_momentum)
+        height = f"cyclic(0.0, 1.0, {s.step_size_up}, {s.step_size_down}, {lit(s.mode)}, {lit(s.gamma)})"
+        return f"lambda s, h={height}: {hi} - ({hi} - {lo}) * h(s)"
     used.add("onecycle")
     return f"onecycle({lit(s.anneal_strategy)}, {_phases(s, '1.0', momentum=True)})"
 
 
 def helpers(used: set[str]) -> str:
     """The helper functions the schedule expressions call."""
-    return "\n\n".join(OPTAX_HELPERS[k].strip("\n") for k in ("torch_cosine", "restarts", "onecycle") if k in used)
+    return "\n\n".join(OPTAX_HELPERS[k].strip("\n") for k in ("torch_cosine", "restarts", "cyclic", "onecycle")
+                       if k in used)

@@ -12,16 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.config import Config
+from conformance.config.optimizer import SCHEDULE_FREE
 from conformance.errors import UnsupportedError
 from conformance.port.write import torch_parts as parts
 from conformance.port.write.common import block, header, layout, layout_code, lit
-from conformance.port.write.schedule_code import torch_scheduler_code
+from conformance.port.write.schedule_code import torch_helpers, torch_scheduler_code
 
 CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW",
            "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad", "adamax": "torch.optim.Adamax",
            "nadam": "torch.optim.NAdam", "radam": "torch.optim.RAdam", "adafactor": "torch.optim.Adafactor",
-           "muon": "torch.optim.Muon", "lion": "Lion"}
-OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype"}  # twinstep-only fields
+           "muon": "torch.optim.Muon", "lion": "Lion", "schedule_free_adamw": "schedulefree.AdamWScheduleFree",
+           "schedule_free_sgd": "schedulefree.SGDScheduleFree"}
+OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype", "eps_hat",
+       "decoupled_weight_decay"}  # twinstep-only fields (or not torch's for every class)
+NATIVE_DECOUPLED = ("adam", "nadam", "radam")  # torch classes that take decoupled_weight_decay
 NADAM_SCHEDULE_OFF = 1e9  # 0.96 ** (t * 1e9) underflows to 0: torch's mu_t is exactly beta1
 
 
@@ -29,7 +33,10 @@ def _class_for(name: str, groups: list[dict[str, Any]]) -> tuple[str, list[str]]
     """(class expression, source texts it needs) for the groups of one optimizer."""
     if name == "lion":
         return "Lion", [parts.source("PerParameter"), parts.source("Lion")]
-    if name in ("adam", "adamw") and any(g["eps_root"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
+    if name in ("adamax", "nadam") and any(g["eps_hat"] for g in groups):
+        raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) has no torch.optim class and "
+                               f"is not written out; use the twinstep torch backend (ref_torch) for it")
+    if name in ("adam", "adamw") and any(g["eps_root"] or g["eps_hat"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
                                          for g in groups):
         return "AdamOptax", [parts.source("PerParameter"), parts.source("AdamOptax")]
     if name == "rmsprop" and any(g["eps_in_sqrt"] for g in groups):
@@ -50,11 +57,16 @@ def _torch_hyper(name: str, hp: dict[str, Any], custom: bool) -> dict[str, Any]:
         out["eps"] = tuple(None if e == "auto" else e for e in out["eps"])
     if name in ("adam", "adamw") and custom:
         out["decoupled_weight_decay"] = name == "adamw" or out.get("decoupled_weight_decay", False)
+    elif name in NATIVE_DECOUPLED:
+        out["decoupled_weight_decay"] = out.get("decoupled_weight_decay", False)
+    elif out.pop("decoupled_weight_decay", False):  # the class has none: decoupled_decay's pre-hook decays
+        out["decoupled_decay"], out["weight_decay"] = out["weight_decay"], 0.0
     if "betas" in out:
         out["betas"] = tuple(out["betas"])
     if "ns_coefficients" in out:
         out["ns_coefficients"] = tuple(out["ns_coefficients"])
-    keep = set() if not custom else {"eps_root", "amsgrad_variant", "eps_in_sqrt"}
+    keep = {"decoupled_weight_decay"} if name in NATIVE_DECOUPLED else set()
+    keep |= set() if not custom else {"eps_root", "amsgrad_variant", "eps_in_sqrt", "eps_hat", "decoupled_weight_decay"}
     return {k: v for k, v in out.items() if k not in OWN or k in keep}
 
 
@@ -109,6 +121,12 @@ def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -
                  "            optimizer.state[p][\"sum\"].fill_(group[\"initial_accumulator_value\"])"]
     else:
         body.append(f"    optimizer = {cls}(param_groups(named_parameters))")
+    if any("decoupled_decay" in _torch_hyper(e["optimizer"], e["hyper"], False) for e in layout(config)):
+        extra.append(parts.source("decoupled_decay"))
+        body.append("    optimizer.register_step_pre_hook(decoupled_decay)  # AdamW's decay, before the step")
+    if cls.startswith("schedulefree."):
+        body.append("    optimizer.train()  # schedulefree: the parameters are the gradient point y in training; "
+                    "call optimizer.eval() before evaluating or saving (x), train() after")
     if cls == "torch.optim.NAdam":
         extra.append(parts.source("float64_mu_product"))
         body.append("    optimizer.register_step_pre_hook(float64_mu_product)")
@@ -158,10 +176,11 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
     """The whole snippet for `config` (see the module docstring)."""
     opt_body, extra = optimizer_code(config)
     sched = block(torch_scheduler_code(config.schedule), 4)
-    pieces = [header(config, "torch", source), "import fnmatch\nimport math\n\nimport torch\n"
-              "from torch.optim import lr_scheduler", layout_code(config)]
+    imports = "import fnmatch\nimport math\n\n" + ("import schedulefree\n" if config.optimizer.name in SCHEDULE_FREE
+                                                     else "") + "import torch\nfrom torch.optim import lr_scheduler"
+    pieces = [header(config, "torch", source), imports, layout_code(config)]
     pieces += [t.strip("\n") for t in extra]
-    pieces += [opt_body, 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
+    pieces += [opt_body, torch_helpers(config.schedule), 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
                'optimizer.step(), once per update."""\n' + sched]
     if config.schedule.unit == "epoch":
         pieces.append(block(f'''

@@ -35,6 +35,28 @@ def _policy_lines(config: Config) -> list[str]:
             f'non-finite values (max_consecutive_skips = {p.max_consecutive_skips})")']
 
 
+def _ema_init(config: Config) -> str:
+    e = config.ema
+    if not e.enabled:
+        return ""
+    pad = " " * 16  # the __init__ body's indentation in the template below
+    lines = ["# [ema]: torch's EMA of the weights (float32 weights: the spec's float32 EMA; it keeps",
+             "# bfloat16/float16 weights' own dtype), updated after applied updates t >= start,",
+             "# (t - start) % every == 0: the first copies the weights",
+             "self.ema = torch.optim.swa_utils.AveragedModel(",
+             f"    model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn({lit(e.decay)}))",
+             "self.updates = 0"]
+    return "".join("\n" + pad + line for line in lines)
+
+
+def _ema_update(config: Config) -> list[str]:
+    e = config.ema
+    if not e.enabled:
+        return []
+    return [f"    if self.updates >= {e.start} and (self.updates - {e.start}) % {e.every} == 0:",
+            "        self.ema.update_parameters(self.model)"]
+
+
 def updater_code(config: Config, clip: list[str]) -> str:
     """The Updater class (clip: the clipping statements, run on unscaled, finite gradients)."""
     p, a = config.precision, config.accumulation
@@ -69,7 +91,7 @@ def updater_code(config: Config, clip: list[str]) -> str:
                 self.optimizer = build_optimizer(model.named_parameters())
                 self.scheduler = {sched}
                 self.scaler = {scaler}
-                self.skipped_in_a_row = 0
+                self.skipped_in_a_row = 0{_ema_init(config)}
 
             def __call__(self, {call}):
                 """window: a list of (x, y) micro-batches; {what}.
@@ -96,12 +118,22 @@ def updater_code(config: Config, clip: list[str]) -> str:
     body += ["norm = torch.nn.utils.get_total_norm(grads, NORM_TYPE)",
              "if finite:", *("    " + line for line in clip),
              "    self.optimizer.step()" if not p.dynamic_scaling else "    self.scaler.step(self.optimizer)",
-             "    self.skipped_in_a_row = 0",
+             "    self.skipped_in_a_row = 0", *_ema_update(config),
              "else:  # skipped: parameters and optimizer state stay as they are",
              "    self.skipped_in_a_row += 1", *_policy_lines(config)]
     if p.dynamic_scaling:
         body.append("self.scaler.update()")
-    body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
-             "    self.scheduler.step()",
-             'return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}']
-    return head + "\n" + block("\n".join(body), 8)
+    if config.ema.enabled:
+        body.append("self.updates += 1  # counted as the spec counts updates: skipped ones too")
+    if config.schedule.name != "reduce_on_plateau":  # a plateau steps on metrics (observe), not updates
+        body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
+                 "    self.scheduler.step()"]
+    body.append('return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}')
+    out = head + "\n" + block("\n".join(body), 8)
+    if config.schedule.name == "reduce_on_plateau":
+        out += "\n\n" + block(f'''
+            def observe(self, metric):
+                """reduce_on_plateau: the {config.schedule.monitor} of an evaluation (after an update)."""
+                self.scheduler.step(metric)
+            ''', 4)
+    return out

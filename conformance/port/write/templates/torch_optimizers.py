@@ -1,6 +1,7 @@
 """Template source of the small torch optimizers a `twinstep port --to torch` snippet carries where
 torch.optim has no class for the spec's semantics: Lion, optax's eps placements and AMSGrad
-variants, Muon in float or with a fallback, and NAdam's float64 mu_product.
+variants, Keras's eps_hat for Adam, Muon in float or with a fallback, NAdam's float64 mu_product
+and decoupled weight decay for the classes without it.
 
 Package data, never imported by twinstep: conformance.port.write.torch_parts copies each class or
 function below into a snippet verbatim (split with ast), so it must run with nothing but torch
@@ -53,7 +54,8 @@ class Lion(PerParameter):
 class AdamOptax(PerParameter):
     """Adam/AdamW with optax's options: sqrt(v_hat + eps_root) + eps, and the AMSGrad variants
     "torch" (max of the raw v, bias-corrected), "optax" (max of the bias-corrected v_hat),
-    "optax_raw" (max of the raw v, no correction)."""
+    "optax_raw" (max of the raw v, no correction); eps_hat (Keras): eps on the raw sqrt(v) and
+    sqrt(1 - b2^t) in the step size."""
 
     def init_state(self, p, group):
         names = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
@@ -78,6 +80,10 @@ class AdamOptax(PerParameter):
             second = second if variant == "optax_raw" else second / bc2
         else:
             second = v / bc2
+        if group.get("eps_hat"):
+            raw = state["max_exp_avg_sq"] if variant is not None else v
+            p.addcdiv_(m, raw.sqrt().add_(group["eps"]), value=-lr * bc2 ** 0.5 / bc1)
+            return
         p.addcdiv_(m, (second + group["eps_root"]).sqrt_().add_(group["eps"]), value=-lr / bc1)
 
 
@@ -183,3 +189,15 @@ def float64_mu_product(optimizer, args, kwargs):
             if p.grad is not None and p.dtype == torch.float64 and not optimizer.state[p]:
                 optimizer.state[p].update(step=torch.tensor(0.0), mu_product=torch.ones((), dtype=torch.float64),
                                           exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+
+
+def decoupled_decay(optimizer, args, kwargs):
+    """torch.optim.AdamW's decoupled weight decay p <- p*(1 - lr*wd) before the class's own step, for
+    a class without decoupled_weight_decay (register as a step pre-hook): each group holds its decay
+    as `decoupled_decay` and weight_decay = 0, so the class adds no L2 term."""
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            wd = group.get("decoupled_decay", 0.0)
+            for p in group["params"]:
+                if wd and p.grad is not None:
+                    p.mul_(1 - group["lr"] * wd)

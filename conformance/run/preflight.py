@@ -1,0 +1,81 @@
+"""Cross-field checks a run makes before it trains: what one config section alone cannot refuse.
+
+Each is a one-line ConfigError naming the fields, raised by session.open_run on both trainers (the
+same refusal whichever framework runs the config):
+
+- the global micro-batch (world size × data.batch_size) larger than the training set (it would
+  silently train full-batch);
+- a cosine schedule's eta_min above a group's lr (it would anneal *up*); conformance.rules.schedules
+  .check_schedule's refusals (warm-up schedules' eta_min, onecycle) on both trainers;
+- `run.inject_nonfinite` naming an update the run never makes;
+- more updates than MAX_UPDATES (the JAX trainer counts updates in int32 on the device);
+- a built-in model whose parameters, gradients and two optimizer moments do not fit in this
+  machine's memory (refused before anything is allocated).
+"""
+
+from __future__ import annotations
+
+import os
+
+from conformance.config import Config
+from conformance.config.run import MAX_UPDATES
+from conformance.data import DataPipeline
+from conformance.errors import ConfigError
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.models import param_count
+from conformance.rules.schedules import check_schedule
+
+BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+COPIES = 4  # parameters, gradients and two optimizer moments: what training holds at least
+
+
+def check_run(config: Config, data: DataPipeline, world_size: int = 1) -> None:
+    """Refuse a config that cannot run as written on this data (see the module docstring)."""
+    n_train = data.info.n_train
+    if data.global_batch > n_train:
+        ranks = f" × {world_size} ranks" if world_size > 1 else ""
+        raise ConfigError(f"data.batch_size = {config.data.batch_size}{ranks} is larger than the training set "
+                          f"({n_train} samples of {data.info.name}); use at most {n_train // world_size}")
+    planned = data.planned_updates
+    if planned > MAX_UPDATES:
+        raise ConfigError(f"run.epochs = {config.run.epochs} makes {planned} updates; a run makes at most "
+                          f"{MAX_UPDATES} (set run.max_updates)")
+    late = [t for t in config.run.inject_nonfinite if t >= planned]
+    if late:
+        raise ConfigError(f"run.inject_nonfinite lists update {late[0]}, but the run makes {planned} updates "
+                          f"(0..{planned - 1})")
+    per_epoch = data.updates_per_epoch if config.schedule.unit == "epoch" else 1
+    check_schedule(config.schedule, config.optimizer, planned, per_epoch)
+    _check_cosine_floor(config)
+    _check_memory(config, data)
+
+
+def _check_cosine_floor(config: Config) -> None:
+    spec = config.schedule
+    parts = spec.schedulers if spec.name == "sequential" and spec.schedulers else [spec]
+    low = min(group_base_lrs(config.optimizer))
+    for part in parts:
+        eta_min = getattr(part, "eta_min", None)
+        if part.name in ("cosine", "cosine_restarts") and eta_min is not None and eta_min > low:
+            where = "schedule" if part is spec else "a schedule.schedulers part"
+            raise ConfigError(f"{where} eta_min = {eta_min} is above the lowest group lr {low}: {part.name} would "
+                              f"anneal the lr up to eta_min; eta_min must not exceed any group's lr")
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_memory(config: Config, data: DataPipeline) -> None:
+    try:
+        n = param_count(config.model, data.info)
+    except (ConfigError, ValueError, TypeError):
+        return  # not a built-in model the neutral side can size
+    need = n * BYTES.get(config.precision.param_dtype, 4) * COPIES
+    have = _memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"model: {n} parameters need at least {need / 2**30:.1f} GiB with their gradients and "
+                          f"optimizer state; this machine has {have / 2**30:.1f} GiB (reduce the model's sizes)")

@@ -1,0 +1,169 @@
+"""optax's aliases for an [optimizer] spec, as docs/divergences.md#optimizers ports each torch class:
+
+sgd → optax.sgd (dampening: none in optax); adam → optax.adam (optax.amsgrad with amsgrad), torch's
+L2 weight decay as chain(add_decayed_weights, ...) in front; adamw and decoupled_weight_decay →
+optax.adamw / nadamw, or chain(scale_by_*, add_decayed_weights, scale_by_learning_rate); rmsprop →
+optax.rmsprop(decay=alpha, eps_in_sqrt=...); adagrad → optax.adagrad (torch's lr_decay as the
+learning-rate function lr / (1 + count·lr_decay), torch's formula); adamax, nadam, radam, lion →
+their aliases; adafactor → optax.adafactor(decay_rate=-beta2_decay, clipping_threshold=d,
+weight_decay_rate=lr·weight_decay); muon → optax.contrib.muon with its own Adam for the rest;
+maximize → scale(-1) first. Parameter groups are optax.multi_transform over the groups of
+conformance.rules.groups.
+
+optax has one update count for the whole tree and updates every leaf: a parameter missing from an
+update's gradients gets a zero gradient. The state is exported from optax's state tuples (mu → m,
+nu → v, ...) with `step` = optax's count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from conformance.config import OptimizerSpec
+from conformance.rules.groups import ParamGroup, resolve_groups
+from conformance.rules.state import check_state
+from conformance.rules.trajectory import check_trajectory_inputs
+from natives._protocol import gradients, refuse, updates
+from natives.optax_native.backend import dtype_of, to_numpy
+from natives.optax_native.state import export, field_names, load
+
+LR = float | Callable[[Any], Any]
+
+
+def _refuse_extra(hp: Mapping[str, Any], key: str, default: Any, native: str) -> None:
+    if key in hp and hp[key] != default:
+        raise refuse(f"optimizer.{key} = {hp[key]!r}", f"{native} has no equivalent")
+
+
+def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransformation:
+    """The optax optimizer of one group (hyper-parameters in torch's vocabulary), at lr `lr`."""
+    wd = hp.get("weight_decay", 0.0)
+    b1, b2 = hp.get("betas", (0.9, 0.999))
+    eps = hp.get("eps")
+    coupled = 0.0  # torch's L2 weight decay: add_decayed_weights in front of the alias
+    if name == "sgd":
+        _refuse_extra(hp, "dampening", 0.0, "optax.sgd (dampening)")
+        core, coupled = optax.sgd(lr, momentum=hp["momentum"] or None, nesterov=hp["nesterov"]), wd
+    elif name in ("adam", "adamw"):
+        decoupled = name == "adamw" or hp.get("decoupled_weight_decay", False)
+        if hp["amsgrad"]:
+            raw = hp["amsgrad_variant"] == "optax_raw"
+            if decoupled:
+                core = optax.chain(optax.scale_by_amsgrad(b1, b2, eps, hp["eps_root"], bias_correction_nu=not raw),
+                                   optax.add_decayed_weights(wd), optax.scale_by_learning_rate(lr))
+            else:
+                core, coupled = optax.amsgrad(lr, b1, b2, eps, hp["eps_root"], bias_correction_nu=not raw), wd
+        elif decoupled:
+            core = optax.adamw(lr, b1, b2, eps, hp["eps_root"], weight_decay=wd)
+        else:
+            core, coupled = optax.adam(lr, b1, b2, eps, hp["eps_root"]), wd
+    elif name == "rmsprop":
+        core = optax.rmsprop(lr, decay=hp["alpha"], eps=eps, eps_in_sqrt=hp["eps_in_sqrt"], centered=hp["centered"],
+                             momentum=hp["momentum"] or None)
+        coupled = wd
+    elif name == "adagrad":
+        if hp["lr_decay"]:
+            if callable(lr):
+                raise refuse("optimizer.lr_decay with a [schedule]", "optax.adagrad takes one learning-rate function")
+            base, decay = lr, hp["lr_decay"]
+            lr = lambda count: base / (1 + count * decay)  # noqa: E731  torch's lr / (1 + (t - 1)·lr_decay)
+        core, coupled = optax.adagrad(lr, initial_accumulator_value=hp["initial_accumulator_value"], eps=eps), wd
+    elif name == "adamax":
+        core, coupled = optax.adamax(lr, b1, b2, eps), wd
+    elif name == "nadam":
+        if hp["decoupled_weight_decay"]:
+            core = optax.nadamw(lr, b1, b2, eps, weight_decay=wd)
+        else:
+            core, coupled = optax.nadam(lr, b1, b2, eps), wd
+    elif name == "radam":
+        if hp["decoupled_weight_decay"]:
+            core = optax.chain(optax.scale_by_radam(b1, b2, eps), optax.add_decayed_weights(wd),
+                               optax.scale_by_learning_rate(lr))
+        else:
+            core, coupled = optax.radam(lr, b1, b2, eps), wd
+    elif name == "lion":
+        core = optax.lion(lr, b1, b2, weight_decay=wd)
+    elif name == "adafactor":
+        core = _adafactor(hp, lr)
+    else:
+        raise refuse(f"optimizer.name = {name!r}", "no optax alias is mapped")
+    parts = [optax.scale(-1.0)] if hp.get("maximize") else []  # torch negates before the weight decay
+    parts += [optax.add_decayed_weights(coupled)] if coupled else []
+    return optax.chain(*parts, core) if parts else core
+
+
+def _adafactor(hp: Mapping[str, Any], lr: LR) -> optax.GradientTransformation:
+    _refuse_extra(hp, "eps", ("auto", 1e-3), "optax.adafactor (eps)")
+    wd = hp["weight_decay"]
+    if wd and callable(lr):
+        raise refuse("optimizer.weight_decay with a [schedule]", "optax.adafactor's weight_decay_rate is not "
+                                                                  "multiplied by the lr")
+    return optax.adafactor(learning_rate=lr, decay_rate=-hp["beta2_decay"], clipping_threshold=hp["d"],
+                           weight_decay_rate=lr * wd if wd else None)
+
+
+def _muon(spec: OptimizerSpec, lr: LR) -> optax.GradientTransformation:
+    """optax.contrib.muon, which routes the non-matrix parameters to its own Adam."""
+    if spec.groups or spec.no_weight_decay or spec.fallback_params:
+        raise refuse("muon with groups, no_weight_decay or fallback_params", "optax.contrib.muon routes by shape")
+    fb = spec.fallback
+    if fb is None or fb.name != "adamw" or fb.amsgrad or fb.lr != spec.lr:
+        raise refuse("optimizer.fallback", "optax.contrib.muon's own Adam is AdamW at the Muon lr")
+    _refuse_extra(spec.overrides(), "adjust_lr_fn", "original", "optax.contrib.muon")
+    return optax.contrib.muon(lr, ns_coeffs=spec.ns_coefficients, ns_steps=spec.ns_steps, beta=spec.momentum,
+                              eps=spec.eps, weight_decay=spec.weight_decay, nesterov=spec.nesterov,
+                              adam_b1=fb.betas[0], adam_b2=fb.betas[1], adam_eps_root=fb.eps_root,
+                              adam_weight_decay=fb.weight_decay)
+
+
+def build(spec: OptimizerSpec, groups: Sequence[ParamGroup],
+          lrs: Sequence[LR] | None = None) -> optax.GradientTransformation:
+    """The optax optimizer of the spec: one alias, or optax.multi_transform over the groups (`lrs`: each
+    group's learning rate or schedule; default its lr)."""
+    lrs = [g.hyperparams["lr"] for g in groups] if lrs is None else lrs
+    if spec.name == "muon":
+        return _muon(spec, lrs[-1])
+    used = [(i, g) for i, g in enumerate(groups) if g.names]
+    if len(used) == 1:
+        i, g = used[0]
+        return transform(g.optimizer, g.hyperparams, lrs[i])
+    labels = {n: g.label for g in groups for n in g.names}
+    return optax.multi_transform({g.label: transform(g.optimizer, g.hyperparams, lrs[i]) for i, g in used}, labels)
+
+
+def _apply(tx: optax.GradientTransformation, g: Any, s: Any, p: Any) -> tuple[Any, Any]:
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+
+def run_trajectory(spec: OptimizerSpec, params: Mapping[str, np.ndarray], grads: Sequence[Mapping[str, Any]] | None = None,
+                   objective: Mapping[str, Any] | None = None, steps: int | None = None, dtype: str = "float64",
+                   state: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, list[Any]]:
+    """The optax optimizer stepped over the case's gradients (a missing gradient is a zero gradient):
+    parameters and neutral state after each update."""
+    check_trajectory_inputs(spec, params, grads, objective, steps, state)
+    dt = dtype_of(dtype)
+    shapes = {k: np.shape(v) for k, v in params.items()}
+    groups = resolve_groups(spec, shapes)
+    tx = build(spec, groups)
+    p = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
+    opt_state = tx.init(p)
+    names = field_names(spec.name, spec.amsgrad_variant or "torch")
+    if state:
+        check_state(groups, shapes, state)
+        opt_state = load(opt_state, names, state, dt)
+    start = int(next(iter(state.values()))["step"]) if state else 0
+    out: dict[str, list[Any]] = {"params": [], "state": []}
+    for t in range(updates(grads, steps)):
+        current = {k: to_numpy(v) for k, v in p.items()}
+        g = {k: jnp.zeros_like(p[k]) if v is None else jnp.asarray(v, dt)
+             for k, v in gradients(t, list(p), current, grads, objective).items()}
+        p, opt_state = _apply(tx, g, opt_state, p)
+        out["params"].append({k: to_numpy(v) for k, v in p.items()})
+        out["state"].append(export(opt_state, names, list(p), start + t + 1))
+    return out

@@ -1,0 +1,165 @@
+"""Reports of `twinstep conform` (issue 12, item 5): JUnit XML, the Markdown matrix with ledger rows,
+JSON with a status, and the terminal's kind × backend summary. Each check has a negative control."""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from conformance.cli import main
+from conformance.harness.ledger import explain, parse_ledger
+from conformance.harness.report import (
+    junit_xml,
+    markdown_report,
+    print_rows,
+    print_summary,
+    summary_table,
+)
+from conformance.harness.runner import Result
+
+R = [
+    Result("loss/a", "torch", True, 1e-17, 1e-16, "", kind="loss"),
+    Result("loss/a", "native", False, 0.5, 0.25, "value: got 1, want 0.5", kind="loss"),
+    Result("loss/b", "native", False, None, None, "unsupported: losses.loss_value_and_grad", "unsupported", "loss"),
+    Result("optimizer/c", "torch", False, 2.0, 1.0, "params[0].w: got 2, want 0", kind="optimizer"),
+    Result("cases/x.toml", "-", False, None, None, "cases/x.toml: [schedule] is not read", "failed", "", "cases/x.toml",
+           "[schedule]", "is not read"),
+]
+LEDGER = """
+<a id="losses"></a>
+| id | difference | recipe | pinned by |
+| --- | --- | --- | --- |
+| L-A | a differs | twinstep does x | case `loss/a`, `test_something` |
+<a id="optimizers"></a>
+| O-C | c differs | y | cases `torch-*-open`, `case-{1,2}` |
+"""
+
+
+def test_junit_xml_parses_with_one_testcase_per_case_and_backend() -> None:
+    root = ET.fromstring(junit_xml(R))
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("5", "3", "1")
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert set(suites) == {"torch", "native", "case-files"}
+    cases = list(root.iter("testcase"))
+    assert len(cases) == len(R)
+    by_name = {c.get("name"): c for c in cases}
+    assert by_name["loss/a[native]"].get("classname") == "loss"
+    assert by_name["loss/a[native]"].find("failure").get("message") == "value: got 1, want 0.5"
+    assert by_name["loss/b[native]"].find("skipped") is not None
+    assert by_name["loss/a[torch]"].find("failure") is None and by_name["loss/a[torch]"].find("skipped") is None
+    assert by_name["cases/x.toml"].find("failure") is not None
+    for s in suites.values():  # the counts of each suite are its own test cases'
+        kids = s.findall("testcase")
+        assert int(s.get("tests")) == len(kids)
+        assert int(s.get("failures")) == sum(k.find("failure") is not None for k in kids)
+        assert int(s.get("skipped")) == sum(k.find("skipped") is not None for k in kids)
+
+
+def test_negative_control_a_passing_result_is_not_a_junit_failure() -> None:
+    flipped = [Result(r.case, r.backend, True, r.max_abs_err, r.max_rel_err, "", kind=r.kind) for r in R[:4]]
+    root = ET.fromstring(junit_xml(flipped))
+    assert root.get("failures") == "0" and not list(root.iter("failure"))
+
+
+def test_the_ledger_names_cases_by_glob_and_by_section() -> None:
+    rows = parse_ledger(LEDGER)
+    assert [(r.id, r.kind) for r in rows] == [("L-A", "loss"), ("O-C", "optimizer")]
+    assert rows[0].cases == ("loss/a",)  # `test_something` is a test, not a case
+    assert rows[1].cases == ("optimizer/torch-*-open", "optimizer/case-1", "optimizer/case-2")
+    assert explain(rows, "optimizer/torch-adam-open") == ["O-C"]
+    assert explain(rows, "optimizer/c") == []  # negative control: a case no row names
+
+
+def test_the_markdown_report_is_a_matrix_with_worst_errors_and_ledger_rows() -> None:
+    text = markdown_report(R, parse_ledger(LEDGER))
+    assert "| case | torch | native | ledger |" in text
+    assert "| `loss/a` | pass 1.0e-17 | **FAIL** 5.0e-01 | native: L-A |" in text
+    assert "| `loss/b` | · | unsupported | - |" in text
+    assert "| `optimizer/c` | **FAIL** 2.0e+00 | · | - |" in text  # a built-in's failure is a bug, not a divergence
+    assert "- `loss/a` [native]: value: got 1, want 0.5" in text
+    unexplained = markdown_report(R, [])  # negative control: with no ledger row the failure says so
+    assert "| `loss/a` | pass 1.0e-17 | **FAIL** 5.0e-01 | native: no row |" in unexplained
+
+
+def test_the_terminal_summary_counts_each_kind_and_backend() -> None:
+    table = summary_table(R)
+    assert table[0] == ["kind", "torch", "native"]
+    assert table[1:] == [["loss", "1/0/0", "0/1/1"], ["optimizer", "0/1/0", "-"], ["total", "1/1/0", "0/1/1"]]
+    out = io.StringIO()
+    print_rows([r for r in R if r.status == "failed"], out)
+    print_summary(R, out)
+    text = out.getvalue()
+    assert "loss/a" in text and "loss/b" not in text  # unsupported rows only with --verbose
+    assert "1 case file(s) could not be loaded" in text
+    assert text.rstrip().endswith("total 1 passed, 3 failed, 1 unsupported")
+
+
+def test_json_keeps_its_keys_and_adds_the_status() -> None:
+    out = R[1].to_json()
+    assert list(out)[:6] == ["case", "backend", "passed", "max_abs_err", "max_rel_err", "message"]
+    assert out["status"] == "failed" and "key" not in out
+    assert R[4].to_json()["key"] == "[schedule]"
+
+
+CASE = """id = "loss/tiny-mse"
+kind = "loss"
+source = "hand calculation: (1 + 16) / 2 = 8.5"
+[loss]
+name = "mse"
+[inputs]
+prediction = [2.0, 5.0]
+target = [3.0, 1.0]
+[expected]
+value = 8.5
+"""
+
+
+def test_the_cli_writes_every_report(tmp_path, capsys) -> None:
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "good.toml").write_text(CASE)
+    (cases / "wrong.toml").write_text(CASE.replace("tiny-mse", "tiny-mse-wrong").replace("8.5", "8.0"))
+    (cases / "broken.toml").write_text(CASE.replace("tiny-mse", "broken") + "[clip]\nmax_norm = 1.0\n")
+    out = {k: tmp_path / f"r.{k}" for k in ("json", "xml", "md")}
+    rc = main(["conform", "--cases", str(cases), "--backend", "oracle", "--backend", "torch", "--json", str(out["json"]),
+               "--junit", str(out["xml"]), "--report", str(out["md"])])
+    assert rc == 1
+    report = json.loads(out["json"].read_text())
+    assert report["summary"] == {"passed": 2, "failed": 3, "unsupported": 0}
+    root = ET.fromstring(out["xml"].read_text())
+    assert (root.get("tests"), root.get("failures")) == ("5", "3")
+    assert "| `loss/tiny-mse-wrong` | **FAIL** 5.0e-01 | **FAIL** 5.0e-01 | - |" in out["md"].read_text()
+    shown = capsys.readouterr().out
+    assert "loss/tiny-mse-wrong" in shown and "loss/tiny-mse " not in shown  # passing rows hidden by default
+    assert "kind   oracle  torch" in shown and "loss   1/1/0   1/1/0" in shown
+    assert main(["conform", "--cases", str(cases / "good.toml"), "--backend", "oracle", "-v"]) == 0
+    assert "loss/tiny-mse  oracle" in capsys.readouterr().out
+
+
+def test_no_report_is_left_half_written(tmp_path) -> None:
+    from conformance.harness.report import write_atomic
+
+    path = tmp_path / "r.json"
+    write_atomic(path, "{}\n")
+    assert path.read_text() == "{}\n" and [p.name for p in Path(tmp_path).iterdir()] == ["r.json"]
+
+
+def test_the_ledger_audit_finds_unexplained_failures_and_rows_that_stopped_failing() -> None:
+    from conformance.harness.ledger import audit
+
+    rows = parse_ledger(LEDGER + "| O-D | d differs | z | **native fails** `optimizer/torch-*-open`, `loss/a` |\n")
+    assert rows[-1].failing("native") == ("optimizer/torch-*-open", "loss/a") and rows[0].failing("native") == ()
+    results = [Result("loss/a", "native", False, 1.0, 1.0, "x", kind="loss"),
+               Result("optimizer/torch-adam-open", "native", True, 0.0, 0.0, "", kind="optimizer"),
+               Result("optimizer/z-new", "native", False, 1.0, 1.0, "x", kind="optimizer"),
+               Result("optimizer/torch-adam-open", "torch", False, 1.0, 1.0, "x", kind="optimizer")]
+    assert audit(results, rows, "native") == (
+        ["optimizer/z-new"], ["O-D: optimizer/torch-adam-open passed", "O-D: optimizer/torch-*-open matches no failure"])
+    assert explain(rows, "loss/a", "native") == ["O-D"]  # the listing row, not L-A, which only names the case
+    assert explain(rows, "loss/a", "other") == ["L-A", "O-D"]  # a backend no row lists: every row naming it
+    fixed = [results[0], Result("optimizer/torch-adam-open", "native", False, 1.0, 1.0, "x", kind="optimizer")]
+    assert audit(fixed, rows, "native") == ([], [])  # negative control: every failure explained, every row showing
+    assert audit(fixed[:1], rows, "native").stale == ["O-D: optimizer/torch-*-open matches no failure"]

@@ -1,0 +1,160 @@
+"""Write `optimizer` cases with [schedule] and/or [clip] whose expected values come from torch's own
+objects: torch.optim + torch.optim.lr_scheduler + torch.nn.utils.clip_grad_norm_ / clip_grad_value_.
+
+    python tools/gen_update_cases.py                   # the bundled cases (conformance/cases/optimizer/update)
+    python tools/gen_update_cases.py --out /tmp/update-cases && twinstep conform --cases /tmp/update-cases
+
+Each case is one native set-up written twice by hand: as the spec tables a user would write, and as
+the torch objects that mean the same (constructor arguments side by side below). The native loop is
+the one torch users write, in float64 (torch.set_default_dtype(float64)):
+
+    p.grad = g_t;  clip_grad_norm_(params, max_norm, norm_type)  (or clip_grad_value_);
+    optimizer.step();  scheduler.step()
+
+so update t applies the scheduler's lr at t (docs/contract.md §2) to the clipped gradients. The
+spec -> torch.optim translation of the optimizer is tools/_optimizer_refs.py's (the generator's own);
+nothing here imports ref_torch, ref_jax or the oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.optim import lr_scheduler as S
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script
+from _optimizer_refs import torch_optimizers  # noqa: E402
+from gen_optimizer_cases import _inline, _key, _rng_params  # noqa: E402
+
+from conformance import tomlio  # noqa: E402
+
+OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "optimizer" / "update"
+Clip = Callable[[list[torch.nn.Parameter]], Any] | None
+
+SCALAR = {"theta": ()}
+OPEN = {"w": (2, 3), "b": (3,)}
+NAMED = {"enc.weight": (2, 2), "enc.bias": (2,), "head.weight": (2, 2), "head.bias": (2,)}
+
+
+def native_trajectory(spec: dict[str, Any], make_schedule: Callable[[torch.optim.Optimizer], Any] | None,
+                      clip: Clip, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]) -> list[dict]:
+    """The parameters after each update of torch's own objects, in float64."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
+        (opt,) = torch_optimizers(spec, named)
+        scheduler = make_schedule(opt) if make_schedule is not None else None
+        out = []
+        for g in grads:
+            for name, p in named.items():
+                p.grad = torch.tensor(np.asarray(g[name], np.float64))
+            if clip is not None:
+                clip(list(named.values()))
+            opt.step()
+            if scheduler is not None:
+                scheduler.step()
+            out.append({k: p.detach().numpy().copy() for k, p in named.items()})
+        return out
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _arr(x: Any) -> Any:
+    return np.asarray(x, np.float64).tolist()
+
+
+def write_case(path: Path, case_id: str, source: str, tables: dict[str, Any], params: dict[str, np.ndarray],
+               grads: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> None:
+    head = tomlio.dumps({"id": case_id, "kind": "optimizer", "source": source, **tables})
+    inputs = {"params": {k: _arr(v) for k, v in params.items()},
+              "grads": [{k: _arr(v) for k, v in g.items()} for g in grads]}
+    lines = [head.rstrip(), "", "[inputs]"]
+    lines += [f"{_key(k)} = {_inline(v, 0 if k != 'grads' else 1)}" for k, v in inputs.items()]
+    lines += ["", "[expected]", f"params = {_inline([{k: _arr(v) for k, v in p.items()} for p in expected], 1)}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def bundled() -> list[dict[str, Any]]:
+    """(id, note, spec tables, native scheduler, native clip, shapes, updates, grad scale)."""
+    norm = torch.nn.utils.clip_grad_norm_
+    value = torch.nn.utils.clip_grad_value_
+    return [
+        dict(id="torch-adam-steplr", note="Adam(lr=0.1) + StepLR(step_size=2, gamma=0.5): update 2 applies lr 0.05",
+             tables={"optimizer": {"name": "adam", "lr": 0.1}, "schedule": {"name": "step", "step_size": 2, "gamma": 0.5}},
+             sched=lambda o: S.StepLR(o, step_size=2, gamma=0.5), clip=None, shapes=SCALAR, n=5),
+        dict(id="torch-adamw-cosine-clip", note="AdamW + CosineAnnealingLR(T_max=4, eta_min=1e-3) + "
+             "clip_grad_norm_(max_norm=0.5), two param groups",
+             tables={"optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.1,
+                                   "groups": [{"params": ["head.*"], "lr": 0.01}]},
+                     "schedule": {"name": "cosine", "t_max": 4, "eta_min": 1e-3}, "clip": {"max_norm": 0.5}},
+             sched=lambda o: S.CosineAnnealingLR(o, T_max=4, eta_min=1e-3), clip=lambda ps: norm(ps, 0.5),
+             shapes=NAMED, n=6),
+        dict(id="torch-sgd-onecycle-clip-value", note="SGD(momentum=0.9, nesterov) + OneCycleLR(max_lr=0.5, "
+             "total_steps=8) cycling the momentum + clip_grad_value_(0.3)",
+             tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True},
+                     "schedule": {"name": "onecycle", "max_lr": 0.5, "total_steps": 8}, "clip": {"clip_value": 0.3}},
+             sched=lambda o: S.OneCycleLR(o, max_lr=0.5, total_steps=8), clip=lambda ps: value(ps, 0.3),
+             shapes=OPEN, n=8),
+        dict(id="torch-rmsprop-linear-clip-inf", note="RMSprop + LinearLR(start_factor=0.2, total_iters=3) + "
+             "clip_grad_norm_(max_norm=0.4, norm_type=inf)",
+             tables={"optimizer": {"name": "rmsprop", "lr": 0.01, "momentum": 0.5},
+                     "schedule": {"name": "linear", "start_factor": 0.2, "end_factor": 1.0, "total_iters": 3},
+                     "clip": {"max_norm": 0.4, "norm_type": float("inf")}},
+             sched=lambda o: S.LinearLR(o, start_factor=0.2, end_factor=1.0, total_iters=3),
+             clip=lambda ps: norm(ps, 0.4, norm_type=float("inf")), shapes=OPEN, n=5),
+        dict(id="torch-adam-warmup-cosine", note="Adam + SequentialLR([LinearLR(0.1, 1.0, 2), "
+             "CosineAnnealingLR(T_max=4)], milestones=[2])",
+             tables={"optimizer": {"name": "adam", "lr": 0.02, "betas": [0.8, 0.99]},
+                     "schedule": {"name": "sequential", "milestones": [2], "schedulers": [
+                         {"name": "linear", "start_factor": 0.1, "end_factor": 1.0, "total_iters": 2},
+                         {"name": "cosine", "t_max": 4}]}},
+             sched=lambda o: S.SequentialLR(o, [S.LinearLR(o, 0.1, 1.0, 2), S.CosineAnnealingLR(o, T_max=4)], [2]),
+             clip=None, shapes=OPEN, n=6),
+        dict(id="torch-sgd-clip-norm", note="SGD(momentum=0.5) + clip_grad_norm_(max_norm=1.0), gradients "
+             "large enough that every update is clipped",
+             tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.5}, "clip": {"max_norm": 1.0}},
+             sched=None, clip=lambda ps: norm(ps, 1.0), shapes=OPEN, n=4, scale=3.0),
+        dict(id="torch-nadam-multistep-groups-clip", note="NAdam + MultiStepLR(milestones=[1, 3], gamma=0.3) + "
+             "clip_grad_norm_(max_norm=0.8, norm_type=1), no weight decay on biases",
+             tables={"optimizer": {"name": "nadam", "lr": 0.02, "weight_decay": 0.1, "no_weight_decay": ["*.bias"]},
+                     "schedule": {"name": "multistep", "milestones": [1, 3], "gamma": 0.3},
+                     "clip": {"max_norm": 0.8, "norm_type": 1.0}},
+             sched=lambda o: S.MultiStepLR(o, milestones=[1, 3], gamma=0.3), clip=lambda ps: norm(ps, 0.8, norm_type=1.0),
+             shapes=NAMED, n=5),
+    ]
+
+
+def generate(out: Path) -> list[Path]:
+    rng = np.random.default_rng(12)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for c in bundled():
+        params = _rng_params(rng, c["shapes"])
+        grads = [{k: v * c.get("scale", 1.0) for k, v in _rng_params(rng, c["shapes"]).items()} for _ in range(c["n"])]
+        expected = native_trajectory(c["tables"]["optimizer"], c["sched"], c["clip"], params, grads)
+        source = (f"generated by tools/gen_update_cases.py from torch.optim + lr_scheduler + torch.nn.utils "
+                  f"clipping in float64: {c['note']}")
+        path = out / f"{c['id']}.toml"
+        write_case(path, f"optimizer/{c['id']}", source, c["tables"], params, grads, expected)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help=f"output directory (default: {OUT})")
+    args = parser.parse_args(argv)
+    for path in generate(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
