@@ -77,23 +77,24 @@ def apply_update(
     Sharded parameters (FSDP): local_grads(grads) gives this rank's shards, which are unscaled,
     checked and clipped in place; reduce_finite / reduce_norm(norm, p) combine the ranks' flags and
     norms, so every rank takes the same decision."""
-    scale = scaler.state.scale if scaler.enabled else None  # update_scale makes new tensors
+    scaling = scaler.enabled  # read once (a property over the precision spec)
+    scale = scaler.state.scale if scaling else None  # update_scale makes new tensors
     grads, out = accumulate_gradients(specs.accumulation, loss_fn, params, window, counts,
-                                      scale_loss=scaler.scale if scaler.enabled else None,
+                                      scale_loss=scaler.scale if scaling else None,
                                       reduce_count=reduce_count, no_sync=no_sync)
     loss = reduce_loss(out.loss) if reduce_loss is not None else out.loss
     grads = local_grads(grads) if local_grads is not None else grads
     p = specs.clip.norm_type
-    if scaler.enabled:
+    if scaling:
         grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
     norm = total_norm(grads, p)
     if reduce_finite is not None and reduce_norm is not None:
         norm = reduce_norm(norm, p)
-        grads_ok = reduce_finite(grads_ok) if scaler.enabled else None
-    values = _to_host([loss, norm] + ([grads_ok, scale] if scaler.enabled else []))
+        grads_ok = reduce_finite(grads_ok) if scaling else None
+    values = _to_host([loss, norm] + ([grads_ok, scale] if scaling else []))
     loss_v, norm_v = values[:2]
-    scale_v = values[3] if scaler.enabled else None
-    if scaler.enabled:
+    scale_v = values[3] if scaling else None
+    if scaling:
         grads_v = bool(values[2])
     else:
         # A NaN or inf gradient makes the p-norm (p > 0) NaN or inf, so the flag comes with the norm;
@@ -112,7 +113,7 @@ def apply_update(
     else:
         _clip(specs.clip, grads, norm, norm_v)
         optimizer.step()
-    if scaler.enabled:
+    if scaling:
         scaler.update(torch.tensor(finite))
     advanced = specs.precision.schedule_advances(not finite)
     if scheduler is not None and advanced:

@@ -69,7 +69,8 @@ class ArraySplit:
         return int(self.x.shape[0])
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {"x": self.x[index], "y": self.y[index]}
+        # ndarray.take: the rows x[index] gives, at half the cost of fancy indexing
+        return {"x": self.x.take(index, axis=0), "y": self.y.take(index, axis=0)}
 
     @cached_property
     def fingerprint(self) -> str:

@@ -157,13 +157,16 @@ class WindowSizes:
 
     def __init__(self, bounds: Bounds, steps: int, n_windows: int) -> None:
         self.bounds, self.steps, self.n_windows = bounds, steps, n_windows
+        self._total = self.first(n_windows)
 
     def __len__(self) -> int:
         return self.n_windows
 
     def first(self, k: int) -> int:
-        last = min(k * self.steps, len(self.bounds))  # micro-batches in windows 0 .. k-1
-        return self.bounds[last - 1][1] if k > 0 and last > 0 else 0
+        # micro-batches 0 .. min(k * steps, count) - 1 end where the last one stops: its start plus a
+        # full micro-batch, or the epoch's end (n) for a short last one
+        b = self.bounds
+        return min(min(k * self.steps, b.count) * b.size, b.n) if k > 0 else 0
 
     def __getitem__(self, w: int) -> int:
         if not 0 <= w < self.n_windows:
@@ -171,7 +174,7 @@ class WindowSizes:
         return self.first(w + 1) - self.first(w)
 
     def total(self) -> int:
-        return self.first(self.n_windows)
+        return self._total
 
 
 def window_sizes(bounds: Bounds, steps: int, n_windows: int) -> WindowSizes:

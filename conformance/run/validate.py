@@ -17,8 +17,8 @@ for conformance.run.resume.RESUMABLE_CHANGES) and its directory:
   by session.open_run with the pipeline);
 - the loss scale: present exactly when the config scales dynamically, a finite float32 > 0, a
   growth tracker in [0, growth_interval);
-- the optimizer state: an entry for every model tensor once the optimizer has stepped (none
-  before), the names and shapes of docs/contract.md §4 (conformance.rules.state.check_state),
+- the optimizer state: an entry for every model tensor once the optimizer has stepped (a built-in
+  model's; a user's model also holds buffers and frozen tensors) and none before, the names and shapes of docs/contract.md §4 (conformance.rules.state.check_state),
   finite, each parameter's `step` equal to optimizer_step;
 - the RNG states: every rank of manifest.world_size, each with Python's (625 uint32) and NumPy's
   (624 uint32) generators and the writing framework's (torch CPU: 5056 uint8; JAX: a threefry key
@@ -187,8 +187,11 @@ def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
 def _optimizer(where: Path, model: Mapping[str, np.ndarray], entries: Mapping[str, Any], step: int,
                config: Config) -> None:
     shapes = {name: tuple(np.shape(t)) for name, t in model.items()}
+    # A built-in model's tensors are all parameters; a user's model (name = "user") also checkpoints
+    # buffers, frozen parameters and NNX state, which have no optimizer state (nor has a parameter
+    # that never received a gradient), so there only the entries present are checked.
     if step > 0:
-        absent = [name for name in model if name not in entries]
+        absent = [name for name in model if name not in entries] if config.model.name != "user" else []
         if absent:
             raise CheckpointError(f"{where}: optimizer/{absent[0]} is missing (the optimizer has stepped "
                                   f"{step} times, so every parameter has its state; {len(absent)} missing in all)")
