@@ -116,9 +116,11 @@ def accumulate_gradients(
 
 
 def _fold(values: list[Any]) -> Any:
-    # under no_grad (the caller's): the sum records no graph, so no detach per term is needed
-    total = values[0].detach()
-    for v in values[1:]:
+    # under no_grad (the caller's): the sum records no graph, so only a lone term needs detaching
+    if len(values) == 1:
+        return values[0].detach()
+    total = values[0] + values[1]
+    for v in values[2:]:
         total = total + v
     return total
 
