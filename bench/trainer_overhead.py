@@ -10,8 +10,11 @@ out (what the per-update line costs), seed 000's loop as written (DataLoader ove
 zero_grad / autocast / backward / clip_grad_norm_ / step / scheduler.step, loss.item() per
 micro-batch) and a minimal loop (the same on tensors indexed by a permutation, no DataLoader).
 Ratios are of interleaved repeats, against a baseline measured in the same run; no absolute time is
-asserted anywhere. The statistic is each contender's fastest repeat (--stat min, the default, as
-timeit advises: on a shared machine other jobs only ever add time) or the median (--stat median). On the CPU the clock is the process's CPU time (one intra-op
+asserted anywhere. The table's statistic is each contender's fastest repeat (--stat min, the
+default, as timeit advises: on a shared machine other jobs only ever add time) or the median
+(--stat median); the verdict lines also give the median of the per-repeat ratios of the trainer and
+the minimal loop run back to back (a pair shares the machine's load), and a goal counts as met only
+when both are within it. On the CPU the clock is the process's CPU time (one intra-op
 thread), which other jobs on a shared machine do not inflate; --wall switches to the wall clock
 (always used on CUDA, where every loop synchronizes once per update). Goals (issue 14): trainer /
 minimal <= 1.10 on the MLP and <= 1.02 on the gpt, both measured side by side in one run (the last
@@ -159,9 +162,9 @@ def main() -> None:
         times: dict[str, list[float]] = {"trainer": [], "nolog": [], "seed": [], "minimal": []}
         for _ in range(args.repeats):
             times["trainer"].append(run_trainer(config))
+            times["minimal"].append(seed_loop(config, minimal=True))  # right after: the pair shares the load
             times["seed"].append(seed_loop(config))
             times["nolog"].append(run_trainer(config, log=False))
-            times["minimal"].append(seed_loop(config, minimal=True))
         pick = min if args.stat == "min" else statistics.median
         m = {k: pick(v) for k, v in times.items()}
         print(f"{name:<5} {m['trainer']:>10.3f} {m['nolog']:>9.3f} {m['seed']:>11.3f} {m['minimal']:>10.3f} "
@@ -169,8 +172,10 @@ def main() -> None:
               f"{(m['trainer'] - m['nolog']) / m['trainer']:>11.1%}")
         if name in GOALS:
             ratio = m["trainer"] / m["minimal"]
-            verdicts.append(f"{name}: trainer / minimal = {ratio:.3f} (goal <= {GOALS[name]:.2f}: "
-                            f"{'met' if ratio <= GOALS[name] else 'NOT met'})")
+            paired = statistics.median(t / b for t, b in zip(times["trainer"], times["minimal"]))
+            verdicts.append(f"{name}: trainer / minimal = {ratio:.3f} ({args.stat}s), {paired:.3f} (median of the "
+                            f"{args.repeats} back-to-back pairs); goal <= {GOALS[name]:.2f}: "
+                            f"{'met' if max(ratio, paired) <= GOALS[name] else 'NOT met'}")
     print("\n".join(verdicts))
 
 
