@@ -37,6 +37,7 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.toml")
+OPTIONAL_FILES = ("ema.safetensors",)  # the weights' EMA, once a run with [ema] has started it
 TEXT_FILES = ("state.json", "config.toml")
 SELF_HASH = "manifest_sha256"
 KEYS_V1 = frozenset({"format", "format_version", "update", "created_unix", "world_size", "val_loss",
@@ -146,10 +147,11 @@ def _check_files(files: Any, where: Path) -> None:
     if not isinstance(files, dict):
         raise _bad(where, "files", "a table of file name -> size and sha256", files)
     for name in files:
-        if name not in FILES:
+        if name not in FILES + OPTIONAL_FILES:
             raise CheckpointRejected(f"{where} lists an unsafe or unknown file name {name!r} (a checkpoint holds "
-                                     f"exactly {', '.join(FILES)}; paths, '..' and absolute names are refused)")
-    for name in FILES:
+                                     f"exactly {', '.join(FILES)} and optionally {', '.join(OPTIONAL_FILES)}; "
+                                     f"paths, '..' and absolute names are refused)")
+    for name in FILES + tuple(n for n in OPTIONAL_FILES if n in files):
         entry = files.get(name)
         if entry is None:
             raise CheckpointCorruptError(f"{where} does not list {name}")
