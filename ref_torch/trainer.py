@@ -279,7 +279,8 @@ def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
 
     def loss_fn(_params: Any, mb: tuple[Any, Any]) -> LossOutput:
         batch, global_count = mb
-        notify(events, "micro_batch", update=update, index=calls[0])
+        if events is not None:
+            notify(events, "micro_batch", update=update, index=calls[0])
         calls[0] += 1
         res = _model.batch_loss(config, forward, user, batch)[0]
         if world > 1 and config.accumulation.normalize != "tokens":
