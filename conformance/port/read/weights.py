@@ -25,7 +25,12 @@ import numpy as np
 
 from conformance.config.model import ModelSpec
 from conformance.errors import InputError
-from conformance.rules.models import ModelDims, _mlp_layers, dims_from_params, param_shapes
+from conformance.rules.models import (
+    ModelDims,
+    _mlp_layers,
+    dims_from_params,
+    param_shapes,
+)
 
 FORMATS = ("auto", "torch", "hf", "flax")
 WRAPPERS = ("module.", "_orig_mod.")  # DDP and torch.compile prefixes
