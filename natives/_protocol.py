@@ -24,6 +24,12 @@ def require(spec: Any, section: str, field: str, allowed: Sequence[Any], native:
         raise refuse(f"{section}.{field} = {value!r}", f"{native} has no equivalent")
 
 
+def ema_due(ema: Any, t: int) -> bool:
+    """Whether a user's loop updates the weights' average after update t ([ema]: every `every`
+    updates from update `start` on, conformance/config/ema.py)."""
+    return t >= ema.start and (t - ema.start) % ema.every == 0
+
+
 def updates(grads: Sequence[Any] | None, steps: int | None) -> int:
     """The number of updates of a run_trajectory call."""
     return len(grads) if grads is not None else int(steps or 0)

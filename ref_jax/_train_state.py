@@ -29,6 +29,7 @@ from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import start_lrs
 from conformance.run import records
 from conformance.run.session import Run
+from conformance.run.validate import check_optimizer_entries
 from ref_jax import _model, backend
 from ref_jax._parallel import Placement, exchange, host_array
 from ref_jax._schedules import (
@@ -156,9 +157,12 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
         params = {n: jnp.asarray(np.asarray(saved.model[n])) for n in params}
         model_state = _model.from_tensors(model_state, saved.model)
         meta = saved.meta or {}
+        # a user's model: its trainable parameters, which only the live model knows, all have their state
+        check_optimizer_entries(found.path / "optimizer.safetensors", params, saved.optimizer or {},
+                                int(meta.get("optimizer_step", 0)))
         opt_state = import_state(parts.tx.init(params), {"step": meta.get("optimizer_step", 0),
                                                          "state": saved.optimizer or {}})
-        params = to_train_point(opt_state, params)  # the saved weights are a schedule-free optimizer's x
+        # the saved weights are a schedule-free optimizer's x, as between any two updates (ref_jax.trainer)
         if config.precision.dynamic_scaling:
             if not isinstance(meta.get("loss_scale"), dict):
                 raise CheckpointError(f"{found.path}: state.json has no loss_scale, but this run scales the loss "
@@ -184,11 +188,12 @@ def initial_ema(config: Config, params: dict[str, Any], run: Run, place: Placeme
     return None if ema is None else place.put_replicated(ema)
 
 
-def round_trip(state: TrainState) -> TrainState:
-    """The parameters after to_eval_point and back (what torch's in-place optimizer.eval() / train()
-    leave at every evaluation and checkpoint: a schedule-free y rounds there; others are unchanged)."""
+def at_point(state: TrainState, train: bool) -> TrainState:
+    """The state with a schedule-free optimizer's parameters moved to its gradient point y
+    (`train`, at the start of an update) or to x (after it: between updates the trainer holds x, so
+    evaluations, saves and preemption read it as it is and never round y); others unchanged."""
     opt_state = state.update.opt_state
-    params = to_train_point(opt_state, to_eval_point(opt_state, state.update.params))
+    params = (to_train_point if train else to_eval_point)(opt_state, state.update.params)
     return state._replace(update=state.update._replace(params=params))
 
 
@@ -217,12 +222,10 @@ def versions(place: Placement) -> dict[str, Any]:
 def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: int,
          val_loss: float | None, plateau_state: PlateauState | None = None,
          ema: EmaState | None = None) -> Path | None:
-    """Write the checkpoint after `updates_done` updates (see the module docstring): the weights at
-    a schedule-free optimizer's evaluation point x, reduce_on_plateau's state in its neutral form
-    when the run has one, and the EMA ([ema])."""
+    """Write the checkpoint after `updates_done` updates (see the module docstring): the weights as
+    they are between updates (a schedule-free optimizer's evaluation point x), reduce_on_plateau's
+    state in its neutral form when the run has one, and the EMA ([ema])."""
     config = run.config
-    at_x = to_eval_point(state.update.opt_state, state.update.params)
-    state = state._replace(update=state.update._replace(params=at_x))
     opt_state = jax.tree.map(host_array, state.update.opt_state) if place.processes > 1 else state.update.opt_state
     exported = export_state(opt_state)
     scale = scale_state_to_dict(jax.tree.map(host_array, state.update.scale)) \

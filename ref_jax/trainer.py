@@ -71,6 +71,7 @@ Contract shared by every backend's `train` (same signature and docstring):
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import resource
@@ -84,6 +85,7 @@ import jax
 import numpy as np
 
 from conformance.config import Config, load_config
+from conformance.config.optimizer import SCHEDULE_FREE
 from conformance.errors import ConfigError, TwinstepError
 from conformance.events import Events, notify
 from conformance.rules.ema import ema_due
@@ -107,7 +109,6 @@ from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import batch_fields, pad_rows
 from ref_jax.ema import update_ema
-from ref_jax.optimizers import to_eval_point
 from ref_jax.precision import numerics_context
 
 __all__ = ["train"]
@@ -196,12 +197,16 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
     last: Path | None = None
     user = loss_fn is not None
     prepared = _prepare(run, parts, place, run.start, user) if run.start < run.planned else None
+    # schedule-free: the state holds x between updates, y = lerp(x, z, 1 − β) only inside one
+    free = config.optimizer.name in SCHEDULE_FREE
+    to_y, to_x = (jax.jit(functools.partial(ts.at_point, train=b), donate_argnums=(0,)) for b in (True, False))
     for t in range(run.start, run.planned):
         window, arrays, data_s = prepared
         t0 = time.perf_counter()
-        state, out = step(state, arrays, np.int32(t), tables, key)
+        state, out = step(to_y(state) if free else state, arrays, np.int32(t), tables, key)
         if average is not None:  # on the device, after the step: due unless the update was skipped
             average = ema_step(average, state.update.params, ema_due(config.ema, t) & ~out.info.skipped)
+        state = to_x(state) if free else state
         notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
         prepared = _prepare(run, parts, place, t + 1, user) if t + 1 < run.planned else None
@@ -220,7 +225,6 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
             evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place, loss_fn)
             weights = _evaluation_params(config, state, average)
             record = eval_record(t, _evaluate(run, parts, place, evaluate, weights, state.update.model_state))
-            state = ts.round_trip(state)
             val_loss = record["val_loss"]
             best = run.counters.best_val_loss
             if np.isfinite(val_loss) and (best is None or val_loss < best):
@@ -233,12 +237,12 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         due = checkpoint_due(run, t)
         if due:
             last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
-            state = ts.round_trip(state)
         agree = None if run.world_size == 1 else lambda asked: not _all(not asked, run.world_size)
         if t + 1 < run.planned and run.stop_requested(agree):  # SIGTERM / SIGINT (any process): save after t, stop
             if not due:
                 last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
             raise run.preempted(t + 1, last)
+    state = to_y(state) if free else state  # the result is the training weights (schedule-free: y)
     parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds the result
     return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
 
@@ -271,10 +275,16 @@ def _prepare(run: Run, parts: ts.Parts, place: Any, t: int, user_loss: bool) -> 
 
 
 def _evaluation_params(config: Config, state: Any, average: Any) -> Any:
-    """The EMA's weights with [ema] evaluate (once started), else a schedule-free optimizer's x."""
-    if config.ema.evaluate and average is not None and bool(average.started):
+    """The EMA's weights with [ema] evaluate (once started), else the parameters as they are between
+    updates (a schedule-free optimizer's x)."""
+    if _evaluates_ema(config, average):
         return {n: w.astype(state.update.params[n].dtype) for n, w in average.weights.items()}
-    return to_eval_point(state.update.opt_state, state.update.params)
+    return state.update.params
+
+
+def _evaluates_ema(config: Config, average: Any) -> bool:
+    """Whether evaluations see the EMA's weights ([ema] evaluate, once it has started)."""
+    return bool(config.ema.evaluate and average is not None and bool(average.started))
 
 
 def _evaluate(run: Run, parts: ts.Parts, place: Any, evaluate: Any, params: Any, model_state: Any) -> EvalTotals:

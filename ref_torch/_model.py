@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from conformance.config import Config
@@ -31,6 +32,8 @@ from ref_torch.backend import framework_dtype
 from ref_torch.losses import LossOutput, compute_loss
 from ref_torch.models import build_model
 from ref_torch.precision import autocast
+
+_NUMPY = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
 class Tensors(NamedTuple):
@@ -73,7 +76,10 @@ def to_device(fields: Mapping[str, Any], device: torch.device, dtype: torch.dtyp
     """A NumPy batch as tensors: floating entries in the parameter dtype, integer and boolean ones as
     they are (pinned and copied asynchronously on CUDA)."""
     out = {}
+    host = _NUMPY.get(dtype)
     for key, a in fields.items():
+        if host is not None and isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.dtype != host:
+            a = a.astype(host)  # cast on the host: cheaper than a torch op on a small batch
         t = torch.as_tensor(a)
         if t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
@@ -108,6 +114,6 @@ def batch_loss(config: Config, forward: Any, loss_fn: Callable[[Any, Any], Any] 
         return user_loss(loss_fn, out, {**batch, SAMPLE_MASK: torch.ones(x.shape[0], dtype=torch.bool,
                                                                           device=x.device)}), out, None
     y = batch[spec.targets]
-    if config.loss.name in INDEX_LOSSES:  # (B, T, V) logits and (B, T) tokens: one class axis
+    if config.loss.name in INDEX_LOSSES and (out.ndim > 2 or y.ndim > 1):  # (B, T, V) logits, (B, T) tokens
         out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
     return compute_loss(config.loss, out, y), out, y

@@ -27,6 +27,7 @@ from conformance.errors import CheckpointError
 from conformance.rules import plateau
 from conformance.run import records
 from conformance.run.session import Run
+from conformance.run.validate import check_optimizer_entries
 from ref_torch import _fsdp, _shards
 from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
@@ -38,7 +39,6 @@ from ref_torch.optimizers import (
     export_state,
     import_state,
     to_eval_point,
-    to_train_point,
 )
 from ref_torch.precision import LossScaler, SkipState
 
@@ -59,12 +59,9 @@ def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.de
                     val_loss: float | None = None, plateau: dict[str, Any] | None = None) -> Path | None:
     """Save the state after `updates_done` updates (`plateau`: reduce_on_plateau's neutral state).
     Collective: every rank calls it (RNG gather); rank 0 writes. A schedule-free optimizer's
-    parameters are saved at x and moved back after."""
-    to_eval_point(objs.optimizer, None)
-    try:
-        return _save(run, updates_done, objs, device, val_loss, plateau)
-    finally:
-        to_train_point(objs.optimizer, None)
+    parameters are at x between updates (the trainer's loop): saved as they are."""
+    to_eval_point(objs.optimizer, None)  # at x already (the optimizer remembers): nothing moves
+    return _save(run, updates_done, objs, device, val_loss, plateau)
 
 
 def _save(run: Run, updates_done: int, objs: Objects, device: torch.device, val_loss: float | None,
@@ -138,6 +135,9 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     sharded = _fsdp.is_sharded(objs.model)
     state, meta = (checkpoint if sharded else whole_checkpoint(checkpoint)).state, checkpoint.state.meta or {}
     where = checkpoint.path
+    # a user's model: its trainable parameters, which only the live model knows, all have their state
+    check_optimizer_entries(where / "optimizer.safetensors", objs.tensors.params, state.optimizer or {},
+                            int(meta.get("optimizer_step", 0)))
     to_eval_point(objs.optimizer, None)  # the saved weights are a schedule-free optimizer's x
     if sharded:  # each rank reads only its rows, from a checkpoint of any layout and world size
         named = objs.tensors.all()
@@ -148,7 +148,7 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
     else:
         load_tensors(objs.tensors.all(), state.model)
         import_state(objs.optimizer, {"step": meta.get("optimizer_step", 0), "state": state.optimizer or {}})
-    to_train_point(objs.optimizer, None)
+    # a schedule-free optimizer stays at x, as between any two updates: the next update forms y
     release(checkpoint)  # the tensor files read: their memory
     if objs.ema is not None:
         import_ema(objs.ema, state.ema)

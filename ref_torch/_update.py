@@ -26,6 +26,7 @@ from ref_torch.precision import (
     SkipState,
     check_nonfinite,
     finite_flags,
+    grads_finite,
     record_update,
 )
 
@@ -68,24 +69,40 @@ def apply_update(
     and the update's metrics. Raises NonFiniteError per specs.precision before applying anything.
 
     reduce_loss(loss) replaces the window loss before the finite check and logging (DDP: the mean
-    over ranks, so that every rank takes the same skip decision). The loss, the pre-clip norm, the
-    finite flag and the scale in force reach the host in one transfer: the update's only sync.
+    over ranks, so that every rank takes the same skip decision). The loss, the pre-clip norm and,
+    with dynamic scaling, the finite flag and the scale in force reach the host in one transfer: the
+    update's only sync. Without scaling the gradients are finite exactly when their p-norm is (a
+    NaN or inf element makes it NaN or inf); a norm that overflowed on finite elements is checked
+    element by element.
     Sharded parameters (FSDP): local_grads(grads) gives this rank's shards, which are unscaled,
     checked and clipped in place; reduce_finite / reduce_norm(norm, p) combine the ranks' flags and
     norms, so every rank takes the same decision."""
-    scale = scaler.state.scale if scaler.enabled else None  # update_scale makes new tensors
+    scaling = scaler.enabled  # read once (a property over the precision spec)
+    scale = scaler.state.scale if scaling else None  # update_scale makes new tensors
     grads, out = accumulate_gradients(specs.accumulation, loss_fn, params, window, counts,
-                                      scale_loss=scaler.scale, reduce_count=reduce_count, no_sync=no_sync)
+                                      scale_loss=scaler.scale if scaling else None,
+                                      reduce_count=reduce_count, no_sync=no_sync)
     loss = reduce_loss(out.loss) if reduce_loss is not None else out.loss
     grads = local_grads(grads) if local_grads is not None else grads
-    grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
-    norm = total_norm(grads, specs.clip.norm_type)
+    p = specs.clip.norm_type
+    if scaling:
+        grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
+    norm = total_norm(grads, p)
     if reduce_finite is not None and reduce_norm is not None:
-        grads_ok, norm = reduce_finite(grads_ok), reduce_norm(norm, specs.clip.norm_type)
-    parts = [loss, norm, grads_ok] + ([scale] if scale is not None else [])
-    values = torch.stack([x.to(device=norm.device, dtype=torch.float64).reshape(()) for x in parts]).tolist()
-    loss_v, norm_v, grads_v = values[:3]
-    scale_v = values[3] if scale is not None else None
+        norm = reduce_norm(norm, p)
+        grads_ok = reduce_finite(grads_ok) if scaling else None
+    values = _to_host([loss, norm] + ([grads_ok, scale] if scaling else []))
+    loss_v, norm_v = values[:2]
+    scale_v = values[3] if scaling else None
+    if scaling:
+        grads_v = bool(values[2])
+    else:
+        # A NaN or inf gradient makes the p-norm (p > 0) NaN or inf, so the flag comes with the norm;
+        # only a norm that overflowed on finite gradients needs the exact element-wise check.
+        grads_v = math.isfinite(norm_v)
+        if not grads_v and math.isfinite(loss_v):
+            exact = grads_finite(grads)
+            grads_v = bool(reduce_finite(exact) if reduce_finite is not None else exact)
     finite = bool(grads_v) and math.isfinite(loss_v)
     skips = record_update(skips, finite)
     if not finite:
@@ -96,11 +113,21 @@ def apply_update(
     else:
         _clip(specs.clip, grads, norm, norm_v, reduce_norm)
         optimizer.step()
-    scaler.update(torch.tensor(finite))
+    if scaling:
+        scaler.update(torch.tensor(finite))
     advanced = specs.precision.schedule_advances(not finite)
     if scheduler is not None and advanced:
         scheduler.step()
     return skips, UpdateInfo(loss_v, norm_v, not finite, scale_v, advanced)
+
+
+def _to_host(values: list[Any]) -> list[float]:
+    """Scalars as Python floats in one transfer from an accelerator (one stacked copy); on the CPU
+    there is nothing to transfer and each is read directly (stacking would cost more)."""
+    if all(v.device.type == "cpu" for v in values):
+        return [float(v) for v in values]
+    device = values[0].device
+    return torch.stack([v.to(device=device, dtype=torch.float64).reshape(()) for v in values]).tolist()
 
 
 def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float,

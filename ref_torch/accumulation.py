@@ -84,32 +84,45 @@ def accumulate_gradients(
         total = counts.sum() if isinstance(counts, torch.Tensor) else torch.as_tensor(
             np.sum(np.asarray([float(c) for c in counts], np.float64)))
         divisor = reduce_count(total) if reduce_count is not None else total
-    loss_total: Any = 0.0
-    sum_total: Any = 0.0
-    count_total: Any = 0.0
+    parts: list[Any] = []
+    sums: list[Any] = []
+    counts_seen: list[Any] = []
     for j, mb in enumerate(micro):
         ctx = no_sync() if (no_sync is not None and j < n - 1) else contextlib.nullcontext()
         with ctx:
             out = loss_fn(params, mb)
             if after:
                 part = out.sum
-                count_total = count_total + out.count.detach().to(torch.float64)
+                counts_seen.append(out.count)
             elif spec.normalize == "tokens":
                 part = out.sum / torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
             else:
                 part = out.value / n
             (scale_loss(part) if scale_loss is not None else part).backward()
-        loss_total = loss_total + part.detach()
-        sum_total = sum_total + out.sum.detach()
-    if after:
-        divisor = reduce_count(count_total) if reduce_count is not None else count_total
-        with torch.no_grad():
+        parts.append(part)
+        sums.append(out.sum)
+    with torch.no_grad():  # the totals, summed in micro-batch order (a left fold, as .grad accumulates)
+        loss_total, sum_total = _fold(parts), _fold(sums)
+        if after:
+            total = _fold([c.to(torch.float64) for c in counts_seen])
+            divisor = reduce_count(total) if reduce_count is not None else total
             for p in params.values():
                 if p.grad is not None:
                     p.grad.div_(divisor.to(p.grad.dtype))
-        loss_total = loss_total / divisor.to(loss_total.dtype)
+            loss_total = loss_total / divisor.to(loss_total.dtype)
     count = divisor if isinstance(divisor, torch.Tensor) else torch.tensor(divisor, dtype=torch.float64)
-    return {k: p.grad for k, p in params.items()}, WindowOutput(loss_total, sum_total, count, model_state)
+    grads = {k: p.grad for k, p in params.items()}
+    return grads, WindowOutput(loss_total, sum_total, count, model_state)
+
+
+def _fold(values: list[Any]) -> Any:
+    # under no_grad (the caller's): the sum records no graph, so only a lone term needs detaching
+    if len(values) == 1:
+        return values[0].detach()
+    total = values[0] + values[1]
+    for v in values[2:]:
+        total = total + v
+    return total
 
 
 def linear_forward(params: Any, x: Any) -> Any:

@@ -91,7 +91,9 @@ def autocast(spec: PrecisionSpec, device_type: str = "cpu") -> contextlib.Abstra
     """The context for the forward pass and loss: torch.autocast to the compute dtype when it is
     bfloat16/float16 (off otherwise). JAX has no autocast: models apply get_policy(spec) explicitly,
     so there it is a no-op."""
-    return torch.autocast(device_type, dtype=framework_dtype(spec.compute_dtype), enabled=spec.autocast)
+    if not spec.autocast:
+        return contextlib.nullcontext()  # cheaper to enter than a disabled torch.autocast
+    return torch.autocast(device_type, dtype=framework_dtype(spec.compute_dtype))
 
 
 class LossScaleState(NamedTuple):

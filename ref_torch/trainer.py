@@ -215,10 +215,14 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
         loss_fn = _loss_fn(config, forward, run, injected(config, t), t, given.loss_fn, device)
+        to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
         if objs.ema is not None and not info.skipped:
             update_ema(config.ema, objs.ema, params, ema_due(config.ema, t))
+        # between updates a schedule-free run holds x: evaluations, saves and a preemption read it as it
+        # is, so none of them rounds y (a resume from any of them continues bit for bit)
+        to_eval_point(optimizer, params)
         t2 = time.perf_counter()
         run.counters = advance(run.counters, info.skipped, info.schedule_advanced)
         losses.append(info.loss)
@@ -239,6 +243,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
             last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
         if stop:
             raise run.preempted(t + 1, last)
+    to_train_point(optimizer, params)  # the result is the training weights (a schedule-free optimizer's y)
     return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir, last)
 
 
@@ -277,7 +282,8 @@ def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
 
     def loss_fn(_params: Any, mb: tuple[Any, Any]) -> LossOutput:
         batch, global_count = mb
-        notify(events, "micro_batch", update=update, index=calls[0])
+        if events is not None:
+            notify(events, "micro_batch", update=update, index=calls[0])
         calls[0] += 1
         res = _model.batch_loss(config, forward, user, batch)[0]
         if world > 1 and config.accumulation.normalize != "tokens":
@@ -310,16 +316,13 @@ def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, d
 
 @contextmanager
 def _evaluation_weights(config: Config, objs: Any) -> Iterator[None]:
-    """The weights an evaluation sees: the EMA's with [ema] evaluate (once it has started), else a
-    schedule-free optimizer's x (to_eval_point); the training weights come back after."""
+    """The weights an evaluation sees: the EMA's with [ema] evaluate (once it has started), else the
+    parameters as they are between updates (a schedule-free optimizer's x); the training weights
+    come back after."""
     params = objs.tensors.params
     use_ema = config.ema.evaluate and objs.ema is not None and bool(objs.ema.started)
     if not use_ema:
-        to_eval_point(objs.optimizer, params)
-        try:
-            yield
-        finally:
-            to_train_point(objs.optimizer, params)
+        yield
         return
     with torch.no_grad():
         kept = {n: p.detach().clone() for n, p in params.items()}

@@ -30,7 +30,7 @@ FRAMEWORKS = ("torch", "jax", "jaxlib", "optax", "flax", "keras")
 NEUTRAL = (
     "conformance.errors", "conformance.tomlio", "conformance.rules.models", "conformance.config",
     "conformance.rules", "conformance.oracle", "conformance.data", "conformance.checkpoint",
-    "conformance.run", "conformance.harness",
+    "conformance.run", "conformance.harness", "conformance.export",
 )
 # What the oracle may import besides the standard library: it is written from the equations.
 # ml_dtypes is NumPy's bfloat16 (the oracle rounds Muon's Newton–Schulz as torch does), no framework.
@@ -135,6 +135,9 @@ RULES = [
          ("conformance.oracle",), lambda t: not (within(t, ORACLE_MAY_IMPORT) or is_stdlib(t))),
     Rule("rules import no oracle, twin or harness", ("conformance.rules",),
          lambda t: within(t, ("conformance.oracle", "conformance.harness", "ref_torch", "ref_jax"))),
+    # export writes files from neutral tensors; the frameworks only read its output (tests/test_export.py)
+    Rule("export imports no twin, oracle or harness", ("conformance.export",),
+         lambda t: within(t, ("ref_torch", "ref_jax", "conformance.oracle", "conformance.harness", "transformers"))),
 ]
 # The native backends (natives/) run the frameworks' own built-ins: from conformance they may use the spec,
 # the errors and only these host-side input checks and group resolution of conformance.rules, never
@@ -142,7 +145,8 @@ RULES = [
 NATIVE_RULES = ("conformance.rules.inputs.check_loss_inputs", "conformance.rules.groups.resolve_groups",
                 "conformance.rules.groups.group_base_lrs", "conformance.rules.groups.ParamGroup",
                 "conformance.rules.trajectory.check_trajectory_inputs", "conformance.rules.state.check_state",
-                "conformance.rules.schedules.check_schedule", "conformance.rules.windows.prepare_windows",
+                "conformance.rules.schedules.check_schedule", "conformance.rules.schedules.check_metrics",
+                "conformance.rules.schedules.spots", "conformance.rules.windows.prepare_windows",
                 "conformance.rules.loss_scale.require_dynamic_scaling")
 NATIVE_RULE_MODULES = tuple(dict.fromkeys(n.rsplit(".", 1)[0] for n in NATIVE_RULES))
 
@@ -261,6 +265,8 @@ BREAKS = {
         "conformance/oracle/bad.py", "from ..harness import compare\nimport scipy.special\n"),
     "rules import no oracle, twin or harness": (
         "conformance/rules/bad.py", "from ..oracle.losses import elementwise\n"),
+    "export imports no twin, oracle or harness": (
+        "conformance/export/bad.py", "def f():\n    from ref_jax import models\n    import transformers\n"),
     "natives use no twin, oracle, port, harness or run code": (
         "natives/optax_native/bad.py", "def f():\n    from conformance.oracle.optimizers import update\n"),
     "natives use only input checks and group resolution from conformance.rules": (
@@ -281,6 +287,8 @@ CLEAN = {
     "conformance/rules/good.py": "from conformance.config import Config\n",
     "conformance/run/__init__.py": "",
     "conformance/run/good.py": "def f():\n    from tensorboard.compat.proto.event_pb2 import Event\n",
+    "conformance/export/__init__.py": "",
+    "conformance/export/good.py": "import json\nimport safetensors.numpy\nfrom conformance.checkpoint import load_checkpoint\n",
     "conformance/harness/__init__.py": "",
     "conformance/harness/good.py": "import importlib\nfrom ref_torch import losses\n",
     "ref_torch/__init__.py": "",

@@ -174,3 +174,33 @@ def test_negative_control_the_worked_example_without_bias_correction_fails(outsi
     assert rc == 1
     failed = {r["case"] for r in report["results"] if r["status"] == "failed"}
     assert {"optimizer/seed-adam-first-step", "optimizer/torch-adam-open"} <= failed
+
+
+OLD_PROTOCOL = {  # a backend written before `at`, `metrics` and `ema` joined the protocol
+    "schedules.py": "from ref_torch import schedules as _s\n"
+                    "def schedule_values(schedule, optimizer, steps, updates_per_epoch=1):\n"
+                    "    return _s.schedule_values(schedule, optimizer, steps, updates_per_epoch)\n",
+    "optimizers.py": "from ref_torch import optimizers as _o\n"
+                     "def run_trajectory(spec, params, grads=None, objective=None, steps=None, dtype='float64', state=None):\n"
+                     "    return _o.run_trajectory(spec, params, grads, objective, steps, dtype, state)\n",
+    "backend.py": "from ref_torch.backend import context  # noqa: F401\n",
+}
+
+
+def test_a_backend_without_the_newer_arguments_is_unsupported_for_the_cases_that_need_them(outside) -> None:
+    package(outside, "acme.old", OLD_PROTOCOL)
+    rc, report = run_json(outside, "--backend", "acme.old", "--only", "schedule/step-size-49-boundaries",
+                          "--only", "schedule/plateau-nan-is-bad", "--only", "optimizer/ema-torch-sgd",
+                          "--only", "schedule/step-two-groups", "--only", "optimizer/seed-sgd-1d",
+                          "--only", "optimizer/error-state-shape")
+    got = {r["case"]: (r["status"], r["message"]) for r in report["results"]}
+    assert got["schedule/step-size-49-boundaries"] == (
+        "unsupported", "unsupported: backend acme.old: schedules.schedule_values takes no at")
+    assert got["schedule/plateau-nan-is-bad"] == (
+        "unsupported", "unsupported: backend acme.old: schedules.schedule_values takes no metrics")
+    assert got["optimizer/ema-torch-sgd"] == (
+        "unsupported", "unsupported: backend acme.old: optimizers.run_trajectory takes no ema")
+    # the rest runs; an error case's [expected] has no ema and still reaches the backend's check
+    assert {c for c, (s, _) in got.items() if s == "passed"} == {
+        "schedule/step-two-groups", "optimizer/seed-sgd-1d", "optimizer/error-state-shape"}
+    assert rc == 0

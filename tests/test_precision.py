@@ -57,7 +57,7 @@ def test_spec_defaults_follow_grad_scaler() -> None:
     ({"dtype": "float16", "growth_factor": 1.0}, "precision.growth_factor must be in (1, "),
     ({"dtype": "float16", "backoff_factor": 0.0}, "precision.backoff_factor must be in (0, 1)"),
     ({"dtype": "float16", "init_scale": 1e39}, "precision.init_scale must be in (0, "),
-    ({"max_consecutive_skips": 0}, "precision.max_consecutive_skips must be >= 1"),
+    ({"max_consecutive_skips": 0}, "precision.max_consecutive_skips must be in [1, 2^63 - 1]"),
     ({"dtype": "float8"}, "precision.dtype must be one of"),
 ])
 def test_spec_errors_name_the_field(data: dict, message: str) -> None:

@@ -71,6 +71,7 @@ def test_a_second_run_into_a_busy_directory_is_refused_naming_the_holder(tmp_pat
     holder = subprocess.Popen(["sleep", "60"])  # stands in for the first run: it holds the lock
     try:
         owner = claim(out, resume=True)
+        os.ftruncate(owner._fd, 0)  # a shorter pid must not leave the end of a longer one behind
         os.pwrite(owner._fd, f"{holder.pid}\n".encode(), 0)
         capsys.readouterr()
         assert train(out, "--resume") == 2

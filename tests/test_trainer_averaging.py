@@ -122,9 +122,9 @@ def test_ema_export_refuses_a_checkpoint_without_one(trainer, tmp_path: Path) ->
 
 @pytest.mark.parametrize(("table", "message"), [
     ({"evaluate": True}, "ema.evaluate needs ema.decay"),
-    ({"decay": 0.9, "every": 0}, "ema.every must be >= 1"),
+    ({"decay": 0.9, "every": 0}, "ema.every must be in [1, 2^63 - 1]; received 0"),
     ({"decay": 1.5}, "ema.decay must be in [0, 1]; received 1.5"),
-    ({"decay": 0.9, "start": -1}, "ema.start must be >= 0"),
+    ({"decay": 0.9, "start": -1}, "ema.start must be in [0, 2^63 - 1]; received -1"),
 ])
 def test_ema_spec_errors_name_the_field(table: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:

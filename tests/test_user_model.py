@@ -22,9 +22,10 @@ from support.user_models import blobs, cross_entropy_sum, model
 from conformance import checkpoint as ck
 from conformance.config import load_config
 from conformance.data import DataPipeline
-from conformance.errors import ConfigError, InputError
+from conformance.errors import CheckpointError, ConfigError, InputError
 from conformance.run.compare import compare_runs, describe_failure
 from conformance.run.metrics import read_metrics
+from conformance.run.validate import validate_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -175,6 +176,14 @@ def test_buffers_and_state_are_checkpointed_under_renamed_names(trainer: Trainer
     assert state <= set(saved.model) and "first.weight" in saved.model and own not in saved.model
     assert "first.weight" in saved.optimizer and "first.weight" in result.params
     assert not state & set(result.params)  # TrainResult.params: parameters only
+    # a resume's validation accepts the state beside the parameters (no optimizer state for it) ...
+    found = ck.load_checkpoint(ck.find_latest(tmp_path / "run" / "checkpoints"))
+    validate_state(found)
+    # ... and refuses optimizer state for a tensor the model does not have (negative control)
+    wrong = found._replace(state=found.state._replace(optimizer={**found.state.optimizer,
+                                                                 "ghost.weight": found.state.optimizer["first.weight"]}))
+    with pytest.raises(CheckpointError, match="ghost.weight"):
+        validate_state(wrong)
     with pytest.raises(ConfigError, match="model.rename: 'fc9.weight' names nothing in this model"):
         trainer.train({**config, "model": {"name": "user", "rename": {"fc9.weight": "x"}}}, tmp_path / "bad",
                       model=model(trainer.name), data=blobs())

@@ -47,7 +47,7 @@ READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a sharded manifest lists every piece of every tensor
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.toml")
-OPTIONAL_FILES = ("ema.safetensors",)  # the weights' EMA, once it has started ([ema])
+OPTIONAL_FILES = ("ema.safetensors",)  # the weights' EMA, once a run with [ema] has started it
 SHARDED_FILES = ("rng.safetensors", "state.json", "config.toml")
 REPLICATED = "replicated.safetensors"
 RANK_FILE = re.compile(r"^rank-(\d{5})\.safetensors$")
@@ -183,7 +183,7 @@ def _check_files(files: Any, where: Path, world: int | None = None) -> None:
         raise _bad(where, "files", "a table of file name -> size and sha256", files)
     for name in files:
         if not _allowed(name, world):
-            held = (", ".join(FILES) + f" (and {', '.join(OPTIONAL_FILES)})" if world is None else
+            held = (f"exactly {', '.join(FILES)} and optionally {', '.join(OPTIONAL_FILES)}" if world is None else
                     ", ".join(SHARDED_FILES) + f", rank-00000 .. {rank_file(world - 1)} and {REPLICATED}")
             raise CheckpointRejected(f"{where} lists an unsafe or unknown file name {name!r} (a checkpoint holds "
                                      f"{held}; paths, '..' and absolute names are refused)")

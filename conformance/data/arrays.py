@@ -25,6 +25,7 @@ import numpy as np
 
 from conformance.config.data import DataSpec
 from conformance.data.datasets import Dataset
+from conformance.data.opening import open_data
 from conformance.data.user import user_dataset
 from conformance.errors import ConfigError, InputError
 
@@ -41,22 +42,25 @@ def _header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     return shape, fortran, dtype
 
 
-def _map(path: Path, offset: int, shape: tuple[int, ...], fortran: bool, dtype: np.dtype) -> np.ndarray:
+def _map(f: BinaryIO, offset: int, shape: tuple[int, ...], fortran: bool, dtype: np.dtype) -> np.ndarray:
+    # maps the open (checked) file; the map stays valid after the file object is closed
     if int(np.prod(shape)) == 0:
         return np.zeros(shape, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+    return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
-def _npy(path: Path) -> np.ndarray:
-    with open(path, "rb") as f:
+def _npy(path: Path, field: str) -> np.ndarray:
+    f, _ = open_data(path, f"{field}: {path}", missing=ConfigError)  # a FIFO or a device: refused, unread
+    with f:
         shape, fortran, dtype = _header(f, str(path))
-        return _map(path, f.tell(), shape, fortran, dtype)
+        return _map(f, f.tell(), shape, fortran, dtype)
 
 
-def _npz(path: Path) -> dict[str, np.ndarray]:
+def _npz(path: Path, field: str) -> dict[str, np.ndarray]:
     out = {}
+    f, _ = open_data(path, f"{field}: {path}", missing=ConfigError)
     try:
-        with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        with f, zipfile.ZipFile(f) as z:
             for info in z.infolist():
                 where = f"{path} member {info.filename}"
                 if not info.filename.endswith(".npy"):
@@ -69,7 +73,7 @@ def _npz(path: Path) -> dict[str, np.ndarray]:
                 name_len, extra_len = struct.unpack("<HH", local[26:30])
                 f.seek(info.header_offset + 30 + name_len + extra_len)
                 shape, fortran, dtype = _header(f, where)
-                out[info.filename[:-4]] = _map(path, f.tell(), shape, fortran, dtype)
+                out[info.filename[:-4]] = _map(f, f.tell(), shape, fortran, dtype)
     except zipfile.BadZipFile:
         raise InputError(f"{path} is not an .npz file (not a zip archive)") from None
     return out
@@ -82,11 +86,11 @@ def open_arrays(name: str, field: str) -> dict[str, np.ndarray]:
         files = sorted(path.glob("*.npy"))
         if not files:
             raise ConfigError(f"{field}: the directory {path} holds no .npy file")
-        return {f.stem: _npy(f) for f in files}
+        return {f.stem: _npy(f, field) for f in files}
     if not path.exists():
         raise ConfigError(f"{field}: {path}: no such file or directory")
     if path.suffix == ".npz":
-        return _npz(path)
+        return _npz(path, field)
     if path.suffix == ".npy":
         raise ConfigError(f"{field}: {path} is one array; name a directory of .npy files (one per entry, "
                           f"e.g. x.npy and y.npy) or an .npz file")

@@ -29,6 +29,7 @@ from conformance.config.data import DataSpec
 from conformance.data.sampling import fingerprint, random_order, stream
 from conformance.data.sources import MapData
 from conformance.errors import ConfigError, InputError
+from conformance.files import read_regular
 from conformance.rules.inputs import check_finite
 
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
@@ -69,7 +70,8 @@ class ArraySplit:
         return int(self.x.shape[0])
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {"x": self.x[index], "y": self.y[index]}
+        # ndarray.take: the rows x[index] gives, at half the cost of fancy indexing
+        return {"x": self.x.take(index, axis=0), "y": self.y.take(index, axis=0)}
 
     @cached_property
     def fingerprint(self) -> str:
@@ -160,17 +162,8 @@ def default_corpus() -> str:
 def read_corpus(path: str) -> str:
     """A UTF-8 text file, read whole; a missing, unreadable, huge or non-UTF-8 file is one error."""
     p = Path(path).expanduser()
-    try:
-        size = p.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            raise InputError(f"data.path: {p} has {size} bytes; the limit is {MAX_TEXT_BYTES}")
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"data.path: {p}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"data.path: {p} is a directory, not a text file") from None
-    except OSError as exc:
-        raise ConfigError(f"data.path: {p}: cannot read ({exc.strerror})") from None
+    # through conformance.files: a FIFO or a device is refused at once, a huge file before reading
+    raw = read_regular(p, MAX_TEXT_BYTES, what="text file", error=ConfigError, shown=f"data.path: {p}")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

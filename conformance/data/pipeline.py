@@ -97,7 +97,7 @@ class DataPipeline:
                 f"(accumulation.steps, last_window = {config.accumulation.last_window!r})"
             )
         self._window_sizes = sampling.window_sizes(self.bounds, self.steps, self.updates_per_epoch)
-        self._order: tuple[int, np.ndarray] | None = None  # memo of the current epoch's order
+        self._order: tuple[int, Any] | None = None  # memo of the current epoch's order
         run = config.run
         self.planned_updates = run.epochs * self.updates_per_epoch if run.max_updates is None else run.max_updates
 
@@ -128,7 +128,7 @@ class DataPipeline:
     def samples_seen(self, updates_done: int) -> int:
         """Samples consumed by all ranks in updates 0 .. updates_done - 1."""
         epochs, rest = divmod(updates_done, self.updates_per_epoch)
-        return epochs * sum(self._window_sizes) + sum(self._window_sizes[:rest])
+        return epochs * self._window_sizes.total() + self._window_sizes.first(rest)
 
     def val_batches(self) -> Iterator[Batch]:
         """This rank's validation batches, in order, every sample once (no shuffle, no drop)."""

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from conformance.data.opening import open_data
 from conformance.errors import InputError
 
 MAGIC = 20240520
@@ -42,14 +43,10 @@ class ShardHeader(NamedTuple):
 def read_header(path: str | Path, field: str = "data.path") -> ShardHeader:
     """Read and check a shard's header and size (magic, version, 1024 + 2·count bytes)."""
     p = Path(path)
+    f, size = open_data(p, f"{field}: {p}")  # a FIFO or a device is refused here, unread
     try:
-        with open(p, "rb") as f:
+        with f:
             raw = f.read(HEADER_BYTES)
-            size = os.fstat(f.fileno()).st_size
-    except FileNotFoundError:
-        raise InputError(f"{field}: {p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{field}: {p} is a directory, not a token shard") from None
     except OSError as exc:
         raise InputError(f"{field}: {p}: cannot read ({exc.strerror})") from None
     if len(raw) < HEADER_BYTES:
@@ -72,17 +69,20 @@ def open_tokens(header: ShardHeader) -> np.ndarray:
     """The shard's tokens as a read-only uint16 memory map (empty shards: an empty array)."""
     if header.count == 0:
         return np.zeros(0, TOKEN_DTYPE)
-    return np.memmap(header.path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(header.count,))
+    f, _ = open_data(header.path, str(header.path))
+    with f:  # the map outlives the file object (mmap holds its own reference)
+        return np.memmap(f, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(header.count,))
 
 
 def scan(header: ShardHeader, digest: Any, vocab_size: int | None, field: str = "data.path",
-         chunk_tokens: int = 8 << 20) -> int:
+         chunk_tokens: int = 1 << 20) -> int:
     """Feed the tokens to `digest` and check them against `vocab_size` (None: no bound), reading
     the file in chunks (plain reads: the scan maps nothing into memory). Returns the largest token
     (-1 for an empty shard); a token >= vocab_size is an InputError with its index and byte offset."""
     top = -1
     buf = np.empty(chunk_tokens, TOKEN_DTYPE)
-    with open(header.path, "rb") as f:
+    f, _ = open_data(header.path, f"{field}: {header.path}")
+    with f:
         f.seek(HEADER_BYTES)
         done = 0
         while done < header.count:

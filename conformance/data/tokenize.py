@@ -14,6 +14,7 @@ tokenizer.json keeps one file's tokens in memory (2 bytes a token) to split off 
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -22,11 +23,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from conformance.data.opening import open_data
 from conformance.data.shards import MAX_VOCAB, ShardWriter
 from conformance.errors import ConfigError, InputError, UnsupportedError
+from conformance.files import read_regular
 
 CHUNK = 16 << 20  # bytes read at a time
 LINES = 4096  # lines encoded per batch with a tokenizer.json
+MAX_TOKENIZER_BYTES = 1 << 30  # a tokenizer.json is read whole (the largest vocabularies take a few hundred MiB)
 
 
 class Encoder(NamedTuple):
@@ -39,7 +43,8 @@ class Encoder(NamedTuple):
 
 
 def _byte_chunks(path: Path, advance: Callable[[int], None]) -> Iterator[np.ndarray]:
-    with open(path, "rb") as f:
+    f, _ = open_data(path, str(path))
+    with f:
         while block := f.read(CHUNK):
             advance(len(block))
             yield np.frombuffer(block, np.uint8)
@@ -51,8 +56,9 @@ def _hf(path: str) -> Encoder:
     except ImportError:
         raise UnsupportedError("--tokenizer PATH/tokenizer.json needs the tokenizers package: "
                                "pip install 'twinstep[tokenizers]'") from None
+    text = read_regular(path, MAX_TOKENIZER_BYTES, what="tokenizer.json", error=InputError, shown=f"--tokenizer: {path}")
     try:
-        tok = Tokenizer.from_file(path)
+        tok = Tokenizer.from_str(text.decode("utf-8", errors="replace"))
     except Exception as exc:  # the Rust side raises plain Exceptions for unreadable files
         raise InputError(f"--tokenizer: cannot read {path} as a Hugging Face tokenizer.json ({exc})") from None
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -61,7 +67,8 @@ def _hf(path: str) -> Encoder:
                          f"(at most {MAX_VOCAB})")
 
     def chunks(file: Path, advance: Callable[[int], None]) -> Iterator[np.ndarray]:
-        with open(file, encoding="utf-8", newline="") as f:
+        raw, _ = open_data(file, str(file))
+        with io.TextIOWrapper(raw, encoding="utf-8", newline="") as f:
             lines: list[str] = []
             for line in f:
                 lines.append(line)
@@ -84,7 +91,7 @@ def encoder(name: str) -> Encoder:
     """"bytes", or the path of a tokenizer.json."""
     if name == "bytes":
         return Encoder("bytes", 256, _byte_chunks)
-    if not Path(name).is_file():
+    if not Path(name).exists():
         raise ConfigError(f"--tokenizer must be 'bytes' or the path of a tokenizer.json; {name} is not a file")
     return _hf(name)
 
@@ -136,9 +143,9 @@ def _check_inputs(files: Sequence[str], out: Path, val_fraction: float, shard_to
     if shard_tokens < 1:
         raise ConfigError(f"--shard-tokens must be at least 1; received {shard_tokens}")
     paths = [Path(f).expanduser() for f in files]
-    for p in paths:
-        if not p.is_file():
-            raise ConfigError(f"{p}: no such file")
+    for p in paths:  # regular files only: a FIFO or a device is refused now, not read forever later
+        f, _ = open_data(p, str(p), error=ConfigError)
+        f.close()
     if out.exists() and (any(out.glob("train_*.bin")) or any(out.glob("val_*.bin"))):
         raise ConfigError(f"-o {out} already holds token shards; choose another directory (nothing was overwritten)")
     return paths

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -40,6 +41,21 @@ class MissingFunction(UnsupportedError):
     def __init__(self, backend: str, what: str) -> None:
         super().__init__(f"backend {backend} does not implement {what}")
         self.what = what
+
+
+def require_parameters(backend: str, fn: Callable[..., Any], what: str, names: Any) -> None:
+    """A protocol argument newer than a backend (`sample_weight`, `at`, `metrics`, `ema`) is passed
+    only to the cases that need it; a backend function without that parameter is "unsupported" for
+    those cases, naming the function and the argument, never a crash."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise UnsupportedError(f"backend {backend}: {what} takes no {', '.join(missing)}")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_STRICT = json.JSONEncoder(allow_nan=False)  # raises on NaN/inf: then _clean spells them
+
+
+def _dumps(record: Mapping[str, Any]) -> str:
+    try:
+        return _STRICT.encode(record)
+    except ValueError:
+        return json.dumps(_clean(record))
+
+
 def _number(value: Any) -> Any:
     if value in ("nan", "inf", "-inf"):
         return float(value)
@@ -91,7 +101,7 @@ def evals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl writer (line-buffered, flushed per record) with a progress view.
+    """Append-only metrics.jsonl writer (one write per whole line) with a progress view.
 
     `resume_from=u` keeps only records of updates < u (an interrupted run may have logged updates
     it never checkpointed); `progress` is "auto" (a bar on a terminal, plain lines otherwise),
@@ -134,7 +144,7 @@ class MetricsLog:
         write_text_atomic(self.path, "".join(json.dumps(_clean(r)) + "\n" for r in keep))
 
     def _write(self, rec: Mapping[str, Any]) -> None:
-        line = (json.dumps(_clean(rec)) + "\n").encode("utf-8")
+        line = (_dumps(rec) + "\n").encode("utf-8")
         if self._fd is None:
             raise PathError(f"{self.path}: the metrics log is closed")
         try:
@@ -153,7 +163,8 @@ class MetricsLog:
                 raise path_error(self.path, exc, "sync") from None
 
     def log_update(self, record: Mapping[str, Any]) -> None:
-        rec = {"event": "update", **record}
+        # update_record puts "event" first: no copy of the record then
+        rec = record if next(iter(record), None) == "event" else {"event": "update", **record}
         self._write(rec)
         u = int(rec["update"])
         if self._tb is not None:

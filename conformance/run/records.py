@@ -24,6 +24,7 @@ def update_record(run: Run, t: int, window: Window, info: dict[str, Any], lrs: l
     loss_scale (None when unscaled). A non-finite grad_norm of a skipped update is logged as null."""
     elapsed = data_time_s + compute_time_s
     return {
+        "event": "update",
         "update": t,
         "epoch": window.epoch,
         "samples_seen": run.data.samples_seen(t + 1),

@@ -18,8 +18,16 @@ for conformance.run.resume.RESUMABLE_CHANGES) and its directory:
 - the loss scale: present exactly when the config scales dynamically, a finite float32 > 0, a
   growth tracker in [0, growth_interval);
 - the optimizer state: an entry for every model tensor once the optimizer has stepped (none
-  before), the names and shapes of docs/contract.md §4 (conformance.rules.state.check_state),
-  finite, each parameter's `step` equal to optimizer_step;
+  before; a user's model: for every trainable parameter, which the trainer checks against the live
+  model on restore, check_optimizer_entries), none for a tensor the model lacks, the names and
+  shapes of docs/contract.md §4 (conformance.rules.state.check_state), finite, each parameter's `step` equal to optimizer_step;
+- reduce_on_plateau's state (`schedule.plateau`, conformance.rules.plateau): present exactly when
+  the config's schedule is reduce_on_plateau; its counters within the schedule's patience and
+  cooldown, at most one observation per update, `best` finite or (before any finite metric) the
+  mode's worst, one lr per parameter group in [0, the group's starting lr];
+- the weights' EMA (ema.safetensors): only with [ema]; absent while no update could have started
+  it, present once more due updates have passed than updates were skipped; each tensor a model
+  parameter's, of its shape, in the EMA's dtype (conformance.rules.ema.ema_dtype), finite;
 - the RNG states: every rank of manifest.world_size, each with Python's (625 uint32) and NumPy's
   (624 uint32) generators and the writing framework's (torch CPU: 5056 uint8; JAX: a threefry key
   of 2 uint32), nothing unknown, their metadata present and in range.
@@ -32,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +50,10 @@ from conformance import tomlio
 from conformance.checkpoint import Checkpoint
 from conformance.config import Config, load_config
 from conformance.errors import CheckpointError, ConfigError, InputError
-from conformance.rules.groups import resolve_groups
+from conformance.rules import plateau as plateau_rules
+from conformance.rules.ema import ema_dtype, ema_due
+from conformance.rules.groups import group_base_lrs, resolve_groups
+from conformance.rules.schedules import start_lrs
 from conformance.rules.state import check_state
 
 STATE_KEYS = frozenset({"backend", "optimizer_step", "schedule", "loss_scale", "data", "rng", "counters"})
@@ -57,6 +68,7 @@ CUDA_RNG = re.compile(r"^torch_cuda_(\d{1,4})$")
 FRAMEWORK_RNG = {"torch": "torch_cpu", "jax": "jax_key"}
 JAX_IMPLS = ("threefry2x32",)
 MAX_WORLD = 1 << 20
+PLATEAU = ("reduce_on_plateau",)
 
 
 class _Where:
@@ -131,6 +143,8 @@ def validate_state(checkpoint: Checkpoint) -> Config:
         raise w.bad("data.updates_done", f"{done}, the checkpoint's update",
                     data.get("updates_done") if isinstance(data, dict) else data)
     _optimizer(path / "optimizer.safetensors", state.model, state.optimizer or {}, step, config)
+    _plateau(w, meta["schedule"], done, config)
+    _ema(path / "ema.safetensors", state.model, state.ema, done, skipped, config)
     _rng(path, state.rng or {}, meta["rng"], manifest["world_size"], meta["backend"])
     return config
 
@@ -163,14 +177,63 @@ def _counters(w: _Where, meta: dict[str, Any], done: int, config: Config) -> int
     if c["schedule_t"] != position:
         rule = "updates_done - skipped_total (schedule_on_skip = 'hold')" if hold else "updates_done ('advance')"
         raise w.bad("counters.schedule_t", f"{position} = {rule}", c["schedule_t"])
-    observes = config.schedule.name == "reduce_on_plateau"  # its state: conformance.rules.plateau, read on restore
-    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t", "plateau"} if observes else {"t"}))
+    plateau = frozenset({"plateau"}) if config.schedule.name in PLATEAU else frozenset()
+    schedule = _table(w, "schedule", meta["schedule"], frozenset({"t"}), plateau)  # plateau: _plateau's
     if schedule["t"] != c["schedule_t"]:
         raise w.bad("schedule.t", f"counters.schedule_t = {c['schedule_t']}", schedule["t"])
     best = c["best_val_loss"]
     if best is not None and not _finite(best):
         raise w.bad("counters.best_val_loss", "a finite number or null", best)
     return skipped
+
+
+def _plateau(w: _Where, schedule: dict[str, Any], done: int, config: Config) -> None:
+    """reduce_on_plateau's saved state against the schedule and the run (module docstring)."""
+    if config.schedule.name not in PLATEAU:
+        return
+    spec = config.schedule
+    base = start_lrs(spec, group_base_lrs(config.optimizer))
+    if "plateau" not in schedule:  # the message names state.json and the field
+        plateau_rules.from_meta({"schedule": schedule}, len(base), str(w.path.parent))
+    state = plateau_rules.from_json(schedule["plateau"], len(base), str(w.path))
+    field = "schedule.plateau"
+    _count(w, f"{field}.observed", state.observed, done)
+    _count(w, f"{field}.num_bad_epochs", state.num_bad_epochs, min(spec.patience or 0, state.observed))
+    _count(w, f"{field}.cooldown_counter", state.cooldown_counter, min(spec.cooldown or 0, state.observed))
+    worst = math.inf if spec.mode == "min" else -math.inf
+    if math.isnan(state.best) or (not math.isfinite(state.best) and state.best != worst):
+        raise w.bad(f"{field}.best", f"a finite number, or {worst} before any finite metric", schedule["plateau"]["best"])
+    for g, (lr, start) in enumerate(zip(state.lrs, base)):
+        if not 0 <= lr <= start:
+            raise w.bad(f"{field}.lrs[{g}]", f"in [0, {start}] (the group's lr, reduced by factor only)", lr)
+
+
+def _ema(where: Path, model: Mapping[str, np.ndarray], ema: Mapping[str, np.ndarray] | None, done: int,
+         skipped: int, config: Config) -> None:
+    """The weights' EMA against [ema], the model and the counters (module docstring)."""
+    spec = config.ema
+    if not spec.enabled:
+        if ema is not None:
+            raise CheckpointError(f"{where} is present, but the checkpoint's config keeps no EMA (ema.decay unset)")
+        return
+    due = sum(1 for t in range(spec.start, done, spec.every) if ema_due(spec, t))
+    if ema is None:
+        if due > skipped:  # at most `skipped` of the due updates were skipped: one at least started it
+            raise CheckpointError(f"{where} is missing: {due} updates were due to update the EMA (ema.start = "
+                                  f"{spec.start}, ema.every = {spec.every}) and only {skipped} were skipped")
+        return
+    if due == 0:
+        raise CheckpointError(f"{where} is present, but no update before {done} was due to start the EMA "
+                              f"(ema.start = {spec.start})")
+    for name, value in ema.items():
+        if name not in model:
+            raise CheckpointError(f"{where}: ema/{name} is not a tensor of model.safetensors")
+        want = ema_dtype(model[name].dtype.name)
+        if value.dtype.name != want or value.shape != model[name].shape:
+            raise CheckpointError(f"{where}: ema/{name} must be {want} of shape {tuple(model[name].shape)}; "
+                                  f"received {value.dtype.name} of shape {tuple(value.shape)}")
+        if not np.isfinite(value).all():
+            raise CheckpointError(f"{where}: ema/{name} holds non-finite values")
 
 
 def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
@@ -185,15 +248,28 @@ def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
     _count(w, "loss_scale.growth_tracker", s["growth_tracker"], spec.growth_interval - 1)
 
 
-def _optimizer(where: Path, model: Mapping[str, np.ndarray], entries: Mapping[str, Any], step: int,
-               config: Config) -> None:
-    shapes = {name: tuple(np.shape(t)) for name, t in model.items()}
+def check_optimizer_entries(where: Path, trainable: Iterable[str], entries: Mapping[str, Any], step: int) -> None:
+    """Every trainable parameter has its optimizer entry once the optimizer has stepped. validate_state
+    applies it to a built-in model's tensors (all of them parameters); a trainer applies it to a user's
+    model when it restores one (model.safetensors also holds its buffers and frozen parameters, which
+    only the live model tells apart)."""
     if step > 0:
-        absent = [name for name in model if name not in entries]
+        absent = [name for name in trainable if name not in entries]
         if absent:
             raise CheckpointError(f"{where}: optimizer/{absent[0]} is missing (the optimizer has stepped "
                                   f"{step} times, so every parameter has its state; {len(absent)} missing in all)")
-    elif entries:
+
+
+def _optimizer(where: Path, model: Mapping[str, np.ndarray], entries: Mapping[str, Any], step: int,
+               config: Config) -> None:
+    unknown = [name for name in entries if name not in model]
+    if unknown:
+        raise CheckpointError(f"{where}: optimizer/{unknown[0]} is not a tensor of model.safetensors")
+    user = config.model.name == "user"  # a user's model: which tensors are parameters, the trainer checks
+    shapes = {name: tuple(np.shape(t)) for name, t in model.items() if not user or name in entries}
+    if not user:
+        check_optimizer_entries(where, model, entries, step)
+    if step == 0 and entries:
         raise CheckpointError(f"{where}: optimizer/{next(iter(entries))} is present, but the optimizer has not "
                               f"stepped yet (optimizer_step = 0)")
     try:

@@ -6,8 +6,10 @@ constant → the float lr (PiecewiseConstantDecay with a factor); step → Expon
 multistep → PiecewiseConstantDecay (a Keras boundary b keeps its value up to step b: torch's
 milestone m is boundary m − 1); exponential → ExponentialDecay; cosine → CosineDecay(alpha =
 eta_min / lr), which holds the floor past decay_steps; linear and polynomial → PolynomialDecay;
-cosine_restarts → CosineDecayRestarts; warmup_cosine → CosineDecay with warmup_target. Keras has
-no onecycle, inverse_sqrt, wsd or sequential schedule and no per-epoch schedules.
+cosine_restarts → CosineDecayRestarts (with m_mul); warmup_cosine → CosineDecay with
+warmup_target; polynomial's end_factor → PolynomialDecay's end_learning_rate. Keras has no onecycle,
+inverse_sqrt, wsd, sequential, chained or cyclic schedule, no end value for ExponentialDecay, no
+per-epoch schedules, and ReduceLROnPlateau is a callback of Model.fit, not a schedule.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from conformance.config import OptimizerSpec, ScheduleSpec
 from conformance.rules.groups import group_base_lrs
-from conformance.rules.schedules import check_schedule
+from conformance.rules.schedules import check_metrics, check_schedule, spots
 from natives._protocol import refuse, require
 from natives.keras_backend.backend import load
 
@@ -28,6 +30,11 @@ def schedule(spec: ScheduleSpec, base: float) -> Any:
     S = load().optimizers.schedules
     require(spec, "schedule", "unit", ("update",), "keras.optimizers.schedules (they count iterations)")
     n = spec.name
+    if n in ("step", "exponential"):
+        require(spec, "schedule", "end_factor", (None,), "keras ExponentialDecay (no end value)")
+    if n == "reduce_on_plateau":
+        raise refuse("schedule.name = 'reduce_on_plateau'", "keras.callbacks.ReduceLROnPlateau drives Model.fit; "
+                                                            "keras.optimizers.schedules has no such schedule")
     if n == "constant":
         if spec.factor is None:
             return base
@@ -44,9 +51,9 @@ def schedule(spec: ScheduleSpec, base: float) -> Any:
     if n == "linear":
         return S.PolynomialDecay(base * spec.start_factor, spec.total_iters, base * spec.end_factor, power=1.0)
     if n == "polynomial":
-        return S.PolynomialDecay(base, spec.total_iters, 0.0, power=spec.power)
+        return S.PolynomialDecay(base, spec.total_iters, base * spec.end_factor, power=spec.power)
     if n == "cosine_restarts":
-        return S.CosineDecayRestarts(base, spec.t_0, t_mul=float(spec.t_mult), m_mul=1.0, alpha=spec.eta_min / base)
+        return S.CosineDecayRestarts(base, spec.t_0, t_mul=float(spec.t_mult), m_mul=spec.m_mul, alpha=spec.eta_min / base)
     if n == "warmup_cosine":
         require(spec, "schedule", "convention", ("optax",), "keras CosineDecay (it holds the floor)")
         return S.CosineDecay(base * spec.start_factor, spec.total_steps - spec.warmup_steps,
@@ -54,21 +61,23 @@ def schedule(spec: ScheduleSpec, base: float) -> Any:
     raise refuse(f"schedule.name = {n!r}", "keras.optimizers.schedules has no such schedule")
 
 
-def values(lr: Any, steps: int) -> list[float]:
-    """The learning rate Keras applies at iterations 0..steps-1 (the schedule jitted once, as Keras's
+def values(lr: Any, rows: Any) -> list[float]:
+    """The learning rate Keras applies at the iterations `rows` (the schedule jitted once, as Keras's
     training step runs it)."""
     import jax
     import jax.numpy as jnp
 
     if not callable(lr):
-        return [float(lr)] * steps
+        return [float(lr)] * len(rows)
     f = jax.jit(lr)
-    return [float(f(jnp.asarray(t, "int32"))) for t in range(steps)]
+    return [float(f(jnp.asarray(t, "int32"))) for t in rows]
 
 
-def schedule_values(schedule_spec: ScheduleSpec, optimizer: OptimizerSpec, steps: int,
-                    updates_per_epoch: int = 1) -> dict[str, Any]:
-    """Every group's lr at iterations 0..steps-1; Keras cycles no momentum."""
+def schedule_values(schedule_spec: ScheduleSpec, optimizer: OptimizerSpec, steps: int, updates_per_epoch: int = 1, *,
+                    at: list[int] | None = None, metrics: list[float] | None = None) -> dict[str, Any]:
+    """Every group's lr at iterations 0..steps-1 (or the `at` iterations); Keras cycles no momentum."""
     check_schedule(schedule_spec, optimizer, steps, updates_per_epoch)
-    cols = [values(schedule(schedule_spec, base), steps) for base in group_base_lrs(optimizer)]
+    check_metrics(schedule_spec, metrics, steps)
+    rows = spots(steps, at)
+    cols = [values(schedule(schedule_spec, base), rows) for base in group_base_lrs(optimizer)]
     return {"lr": np.array(cols).T, "momentum": None}

@@ -45,13 +45,13 @@ def window_gradients(loss_spec: LossSpec, spec: AccumulationSpec, params: Mappin
 
     value_and_grad = jax.jit(jax.value_and_grad(loss))  # one compilation per micro-batch shape
     tx = optax.MultiSteps(optax.identity(), every_k_schedule=spec.steps, accumulator_dtype=dt)
-    state = tx.init(p)
+    state, update = tx.init(p), jax.jit(tx.update)  # as a training step runs it: compiled once
     out: dict[str, list[Any]] = {"grads": [], "loss": []}
     for window in window_slices(len(micro_batches), spec.steps, spec.last_window == "drop"):
         values = []
         for j in window:
             value, g = value_and_grad(p, batch(micro_batches[j]))
-            emitted, state = tx.update(g, state, p)
+            emitted, state = update(g, state, p)
             values.append(float(value))
         out["grads"].append({k: to_numpy(v) for k, v in emitted.items()})
         out["loss"].append(float(np.mean(values)))

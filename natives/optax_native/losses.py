@@ -5,8 +5,10 @@ mse → squared_error; huber → huber_loss; smooth_l1 → huber_loss(delta=β) 
 sigmoid_binary_cross_entropy (× weight); cross_entropy → softmax_cross_entropy_with_integer_labels,
 or softmax_cross_entropy against smooth_labels (× class weights), classes moved to the last axis,
 ignore_index as a mask; kl_div → kl_divergence / kl_divergence_with_log_targets, which sum the class
-axis (so "mean" is their mean over examples). optax has no l1, nll or pos_weight, and no per-element
-kl_div. JAX has no autocast: a half-precision case runs in that dtype.
+axis (so "mean" is their mean over examples); sigmoid_focal → sigmoid_focal_loss (alpha = -1 as
+alpha=None) × weight. Per-sample weights multiply the per-element values before the reduction, as
+optax users weigh them (docs/divergences.md L-SAMPLE). optax has no l1, nll or pos_weight, and no
+per-element kl_div. JAX has no autocast: a half-precision case runs in that dtype.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def elementwise(spec: LossSpec, x: jax.Array, t: jax.Array, w: jax.Array | None)
     elif name == "bce_with_logits":
         ell = optax.losses.sigmoid_binary_cross_entropy(x, t)
         ell = ell * w if w is not None else ell
+    elif name == "sigmoid_focal":
+        ell = optax.losses.sigmoid_focal_loss(x, t, alpha=None if spec.alpha == -1 else spec.alpha, gamma=spec.gamma)
+        ell = ell * w if w is not None else ell
     elif name == "kl_div":
         kl = optax.losses.kl_divergence_with_log_targets if spec.log_target else optax.losses.kl_divergence
         ell = kl(x, t)
@@ -63,8 +68,9 @@ def _cross_entropy(spec: LossSpec, x: jax.Array, t: jax.Array, w: jax.Array | No
     if jnp.issubdtype(t.dtype, jnp.integer):
         valid = t != spec.ignore_index
         safe = jnp.where(valid, t, 0)
-        if eps == 0 and w is None:
+        if eps == 0:  # class weights as the weight of each example's label
             ell = optax.losses.softmax_cross_entropy_with_integer_labels(logits, safe)
+            ell = ell * w[safe] if w is not None else ell
         else:
             q = optax.smooth_labels(jax.nn.one_hot(safe, classes, dtype=logits.dtype), eps)
             ell = optax.losses.softmax_cross_entropy(logits, q * w if w is not None else q)
@@ -76,8 +82,12 @@ def _cross_entropy(spec: LossSpec, x: jax.Array, t: jax.Array, w: jax.Array | No
     return ell, jnp.ones_like(ell)
 
 
-def reduce(spec: LossSpec, ell: jax.Array, c: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(value, sum, count) of the spec's reduction, masked elements left out."""
+def reduce(spec: LossSpec, ell: jax.Array, c: jax.Array, mask: jax.Array | None,
+           sample_weight: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(value, sum, count) of the spec's reduction, masked elements left out, each element's loss
+    times its sample's weight."""
+    if sample_weight is not None:
+        ell = ell * sample_weight.reshape(sample_weight.shape + (1,) * (ell.ndim - sample_weight.ndim))
     if mask is not None:
         ell, c = jnp.where(mask, ell, 0.0), jnp.where(mask, c, 0.0)
     total, count = jnp.sum(ell), jnp.sum(c)
@@ -97,16 +107,18 @@ def arrays(spec: LossSpec, target: np.ndarray, weight: np.ndarray | None, dt: An
 
 
 def loss_value_and_grad(spec: LossSpec, prediction: np.ndarray, target: np.ndarray, weight: np.ndarray | None = None,
-                        mask: np.ndarray | None = None, dtype: str = "float64") -> dict[str, Any]:
+                        mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
+                        dtype: str = "float64") -> dict[str, Any]:
     """The loss by optax.losses, its jax.grad gradient, sum and count."""
-    check_loss_inputs(spec, prediction, target, weight, mask)
+    check_loss_inputs(spec, prediction, target, weight, mask, sample_weight)
     supported(spec)
     dt = dtype_of(dtype)
     t, w = arrays(spec, target, weight, dt)
     m = None if mask is None else jnp.asarray(mask, bool)
+    sw = None if sample_weight is None else jnp.asarray(np.asarray(sample_weight, np.float64), dt)
 
     def f(x: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-        value, total, count = reduce(spec, *elementwise(spec, x, t, w), m)
+        value, total, count = reduce(spec, *elementwise(spec, x, t, w), m, sw)
         return jnp.sum(value), (value, total, count)
 
     grad, (value, total, count) = jax.jit(jax.grad(f, has_aux=True))(jnp.asarray(np.asarray(prediction, np.float64), dt))

@@ -2,13 +2,19 @@
 
 sgd → optax.sgd (dampening: none in optax); adam → optax.adam (optax.amsgrad with amsgrad), torch's
 L2 weight decay as chain(add_decayed_weights, ...) in front; adamw and decoupled_weight_decay →
-optax.adamw / nadamw, or chain(scale_by_*, add_decayed_weights, scale_by_learning_rate); rmsprop →
+optax.adamw / nadamw, or chain(scale_by_*, add_decayed_weights, scale_by_learning_rate) (sgd: trace;
+rmsprop: scale_by_rms / scale_by_stddev, then trace; adagrad: scale_by_rss; adamax:
+scale_by_adamax; radam: scale_by_radam); rmsprop →
 optax.rmsprop(decay=alpha, eps_in_sqrt=...); adagrad → optax.adagrad (torch's lr_decay as the
 learning-rate function lr / (1 + count·lr_decay), torch's formula); adamax, nadam, radam, lion →
 their aliases; adafactor → optax.adafactor(decay_rate=-beta2_decay, clipping_threshold=d,
 weight_decay_rate=lr·weight_decay); muon → optax.contrib.muon with its own Adam for the rest;
-maximize → scale(-1) first. Parameter groups are optax.multi_transform over the groups of
-conformance.rules.groups.
+maximize → scale(-1) first; schedule_free_adamw / schedule_free_sgd →
+optax.contrib.schedule_free_adamw / schedule_free_sgd (its params are the y point; no `r`). optax
+has no `eps_hat` (its eps is torch's placement) and no `momentum_decay`: other values than torch's
+are unsupported. Parameter groups are optax.multi_transform over the groups of
+conformance.rules.groups. An [ema] is optax.ema(decay) (debiased, its default) over the parameters
+after each due update.
 
 optax has one update count for the whole tree and updates every leaf: a parameter missing from an
 update's gradients gets a zero gradient. The state is exported from optax's state tuples (mu → m,
@@ -25,10 +31,11 @@ import numpy as np
 import optax
 
 from conformance.config import OptimizerSpec
+from conformance.config.ema import EmaSpec
 from conformance.rules.groups import ParamGroup, resolve_groups
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs
-from natives._protocol import gradients, refuse, updates
+from natives._protocol import ema_due, gradients, refuse, updates
 from natives.optax_native.backend import dtype_of, to_numpy
 from natives.optax_native.state import export, field_names, load
 
@@ -45,7 +52,13 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
     wd = hp.get("weight_decay", 0.0)
     b1, b2 = hp.get("betas", (0.9, 0.999))
     eps = hp.get("eps")
+    _refuse_extra(hp, "eps_hat", False, f"optax.{name} (its eps is added to the bias-corrected root)")
     coupled = 0.0  # torch's L2 weight decay: add_decayed_weights in front of the alias
+    if hp.get("decoupled_weight_decay") and name in DECOUPLED_CORE:
+        return _maximize(hp, optax.chain(*DECOUPLED_CORE[name](hp), optax.add_decayed_weights(wd),
+                                         optax.scale_by_learning_rate(_decayed_lr(hp, lr))))
+    if name in ("schedule_free_adamw", "schedule_free_sgd"):
+        return _maximize(hp, _schedule_free(name, hp, lr))
     if name == "sgd":
         _refuse_extra(hp, "dampening", 0.0, "optax.sgd (dampening)")
         core, coupled = optax.sgd(lr, momentum=hp["momentum"] or None, nesterov=hp["nesterov"]), wd
@@ -67,15 +80,13 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
                              momentum=hp["momentum"] or None)
         coupled = wd
     elif name == "adagrad":
-        if hp["lr_decay"]:
-            if callable(lr):
-                raise refuse("optimizer.lr_decay with a [schedule]", "optax.adagrad takes one learning-rate function")
-            base, decay = lr, hp["lr_decay"]
-            lr = lambda count: base / (1 + count * decay)  # noqa: E731  torch's lr / (1 + (t - 1)·lr_decay)
-        core, coupled = optax.adagrad(lr, initial_accumulator_value=hp["initial_accumulator_value"], eps=eps), wd
+        core = optax.adagrad(_decayed_lr(hp, lr), initial_accumulator_value=hp["initial_accumulator_value"], eps=eps)
+        coupled = wd
     elif name == "adamax":
         core, coupled = optax.adamax(lr, b1, b2, eps), wd
     elif name == "nadam":
+        if hp["momentum_schedule"]:
+            _refuse_extra(hp, "momentum_decay", 4e-3, "optax.nadam (momentum_decay)")
         if hp["decoupled_weight_decay"]:
             core = optax.nadamw(lr, b1, b2, eps, weight_decay=wd)
         else:
@@ -92,9 +103,45 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
         core = _adafactor(hp, lr)
     else:
         raise refuse(f"optimizer.name = {name!r}", "no optax alias is mapped")
-    parts = [optax.scale(-1.0)] if hp.get("maximize") else []  # torch negates before the weight decay
-    parts += [optax.add_decayed_weights(coupled)] if coupled else []
-    return optax.chain(*parts, core) if parts else core
+    return _maximize(hp, optax.chain(optax.add_decayed_weights(coupled), core) if coupled else core)
+
+
+def _maximize(hp: Mapping[str, Any], tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    return optax.chain(optax.scale(-1.0), tx) if hp.get("maximize") else tx  # torch negates before the decay
+
+
+def _decayed_lr(hp: Mapping[str, Any], lr: LR) -> LR:
+    """adagrad's lr_decay as the learning-rate function lr / (1 + count·lr_decay) (torch's formula)."""
+    if not hp.get("lr_decay"):
+        return lr
+    if callable(lr):
+        raise refuse("optimizer.lr_decay with a [schedule]", "optax.adagrad takes one learning-rate function")
+    base, decay = lr, hp["lr_decay"]
+    return lambda count: base / (1 + count * decay)
+
+
+# the scale_by_* part of each alias whose torch decay is coupled, for decoupled_weight_decay:
+# chain(core, add_decayed_weights(wd), scale_by_learning_rate(lr)) as optax.adamw is built
+DECOUPLED_CORE: dict[str, Callable[[Mapping[str, Any]], list[optax.GradientTransformation]]] = {
+    "sgd": lambda hp: [optax.trace(hp["momentum"], hp["nesterov"])] if hp["momentum"] else [],
+    "rmsprop": lambda hp: [
+        (optax.scale_by_stddev if hp["centered"] else optax.scale_by_rms)(hp["alpha"], hp["eps"],
+                                                                           eps_in_sqrt=hp["eps_in_sqrt"]),
+        *([optax.trace(hp["momentum"])] if hp["momentum"] else [])],
+    "adagrad": lambda hp: [optax.scale_by_rss(hp["initial_accumulator_value"], hp["eps"])],
+    "adamax": lambda hp: [optax.scale_by_adamax(*hp["betas"], hp["eps"])],
+}
+
+
+def _schedule_free(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransformation:
+    """optax.contrib's schedule-free optimizers (optax has no `r`)."""
+    _refuse_extra(hp, "r", 0.0, f"optax.contrib.{name}")
+    warmup = hp["warmup_steps"] or None
+    if name == "schedule_free_adamw":
+        return optax.contrib.schedule_free_adamw(lr, warmup, *hp["betas"], hp["eps"], hp["weight_decay"],
+                                                 hp["weight_lr_power"])
+    return optax.contrib.schedule_free_sgd(lr, warmup, hp["momentum"], hp["weight_decay"] or None,
+                                           hp["weight_lr_power"])
 
 
 def _adafactor(hp: Mapping[str, Any], lr: LR) -> optax.GradientTransformation:
@@ -143,9 +190,11 @@ def _apply(tx: optax.GradientTransformation, g: Any, s: Any, p: Any) -> tuple[An
 
 def run_trajectory(spec: OptimizerSpec, params: Mapping[str, np.ndarray], grads: Sequence[Mapping[str, Any]] | None = None,
                    objective: Mapping[str, Any] | None = None, steps: int | None = None, dtype: str = "float64",
-                   state: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, list[Any]]:
+                   state: Mapping[str, Mapping[str, Any]] | None = None,
+                   ema: EmaSpec | None = None) -> dict[str, list[Any]]:
     """The optax optimizer stepped over the case's gradients (a missing gradient is a zero gradient):
-    parameters and neutral state after each update."""
+    parameters and neutral state after each update, and with [ema] optax.ema's average of the
+    parameters ({} before its first update)."""
     check_trajectory_inputs(spec, params, grads, objective, steps, state)
     dt = dtype_of(dtype)
     shapes = {k: np.shape(v) for k, v in params.items()}
@@ -158,7 +207,9 @@ def run_trajectory(spec: OptimizerSpec, params: Mapping[str, np.ndarray], grads:
         check_state(groups, shapes, state)
         opt_state = load(opt_state, names, state, dt)
     start = int(next(iter(state.values()))["step"]) if state else 0
-    out: dict[str, list[Any]] = {"params": [], "state": []}
+    average = optax.ema(ema.decay) if ema is not None and ema.enabled else None
+    avg_state, avg = (average.init(p), {}) if average is not None else (None, {})
+    out: dict[str, list[Any]] = {"params": [], "state": [], "ema": []}
     for t in range(updates(grads, steps)):
         current = {k: to_numpy(v) for k, v in p.items()}
         g = {k: jnp.zeros_like(p[k]) if v is None else jnp.asarray(v, dt)
@@ -166,4 +217,7 @@ def run_trajectory(spec: OptimizerSpec, params: Mapping[str, np.ndarray], grads:
         p, opt_state = _apply(tx, g, opt_state, p)
         out["params"].append({k: to_numpy(v) for k, v in p.items()})
         out["state"].append(export(opt_state, names, list(p), start + t + 1))
+        if average is not None and ema_due(ema, t):
+            avg, avg_state = average.update(p, avg_state)
+        out["ema"].append({k: to_numpy(v) for k, v in avg.items()})
     return out

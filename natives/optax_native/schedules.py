@@ -4,24 +4,31 @@ optax.multi_transform), evaluated at optax's int32 update count:
 constant → constant_schedule (piecewise_constant_schedule with a factor); step →
 exponential_decay(staircase=True); multistep → piecewise_constant_schedule; exponential →
 exponential_decay; cosine → cosine_decay_schedule(alpha = eta_min / lr); linear → linear_schedule;
-polynomial → polynomial_schedule; onecycle → cosine_onecycle_schedule (linear three-phase:
-linear_onecycle_schedule), which cycle no momentum; cosine_restarts → sgdr_schedule with enough
-cycles for the run; warmup_cosine → warmup_cosine_decay_schedule; sequential → join_schedules.
-optax has no inverse_sqrt or wsd schedule; `unit = "epoch"` evaluates at count // updates_per_epoch.
+polynomial → polynomial_schedule; `end_factor` → their end_value; onecycle →
+cosine_onecycle_schedule (linear three-phase: linear_onecycle_schedule), which cycle no momentum;
+cosine_restarts → sgdr_schedule with enough cycles for the run (m_mul: each cycle's peak
+η + (lr − η)·m_mul^i); warmup_cosine → warmup_cosine_decay_schedule; sequential → join_schedules;
+chained → the product of its parts' schedules (optax has no chain); reduce_on_plateau →
+optax.contrib.reduce_on_plateau observing each metric (mode "min" only; rel threshold → rtol, abs →
+atol; min_lr → min_scale = min_lr / lr). optax has no inverse_sqrt, wsd or cyclic schedule;
+`unit = "epoch"` evaluates at count // updates_per_epoch.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from conformance.config import OptimizerSpec, ScheduleSpec
 from conformance.rules.groups import group_base_lrs
-from conformance.rules.schedules import check_schedule
+from conformance.rules.schedules import check_metrics, check_schedule, spots
 from natives._protocol import refuse, require
 
 Schedule = Callable[[Any], Any]
@@ -39,18 +46,19 @@ def _make(spec: ScheduleSpec, base: float, horizon: int) -> Schedule:
         if spec.factor is None:
             return optax.constant_schedule(base)
         return optax.piecewise_constant_schedule(base * spec.factor, {spec.total_iters: 1 / spec.factor})
+    end = None if spec.end_factor is None else base * spec.end_factor
     if n == "step":
-        return optax.exponential_decay(base, spec.step_size, spec.gamma, staircase=True)
+        return optax.exponential_decay(base, spec.step_size, spec.gamma, staircase=True, end_value=end)
     if n == "multistep":
         return optax.piecewise_constant_schedule(base, {m: spec.gamma for m in spec.milestones})
     if n == "exponential":
-        return optax.exponential_decay(base, 1, spec.gamma)
+        return optax.exponential_decay(base, 1, spec.gamma, end_value=end)
     if n == "cosine":
         return optax.cosine_decay_schedule(base, spec.t_max, alpha=spec.eta_min / base)
     if n == "linear":
         return optax.linear_schedule(base * spec.start_factor, base * spec.end_factor, spec.total_iters)
     if n == "polynomial":
-        return optax.polynomial_schedule(base, 0.0, spec.power, spec.total_iters)
+        return optax.polynomial_schedule(base, end, spec.power, spec.total_iters)
     if n == "onecycle":
         return _onecycle(spec, base)
     if n == "cosine_restarts":
@@ -58,14 +66,21 @@ def _make(spec: ScheduleSpec, base: float, horizon: int) -> Schedule:
         while sum(lengths) < horizon:
             lengths.append(t)
             t *= spec.t_mult
-        return optax.sgdr_schedule([dict(init_value=base, peak_value=base, warmup_steps=0, decay_steps=n_,
-                                         end_value=spec.eta_min) for n_ in lengths])
+        peaks = [spec.eta_min + (base - spec.eta_min) * spec.m_mul ** i for i in range(len(lengths))]
+        return optax.sgdr_schedule([dict(init_value=b, peak_value=b, warmup_steps=0, decay_steps=n_,
+                                         end_value=spec.eta_min) for b, n_ in zip(peaks, lengths)])
     if n == "warmup_cosine":
         require(spec, "schedule", "convention", ("optax",), "optax.warmup_cosine_decay_schedule")
         return optax.warmup_cosine_decay_schedule(base * spec.start_factor, base, spec.warmup_steps,
                                                   spec.total_steps, spec.eta_min)
     if n == "sequential":
         return optax.join_schedules([_make(p, base, horizon) for p in spec.schedulers], spec.milestones)
+    if n == "chained":
+        parts = [_make(p, 1.0, horizon) for p in spec.schedulers or []]
+        return lambda count: base * functools.reduce(operator.mul, [f(count) for f in parts])
+    if n == "reduce_on_plateau":
+        raise refuse("schedule.name = 'reduce_on_plateau'", "optax.contrib.reduce_on_plateau observes a metric; "
+                                                            "the update path observes none")
     raise refuse(f"schedule.name = {n!r}", "optax has no such schedule")
 
 
@@ -81,10 +96,41 @@ def _onecycle(spec: ScheduleSpec, base: float) -> Schedule:
                  "optax's onecycle schedules are cosine two-phase or linear three-phase")
 
 
-def schedule_values(schedule: ScheduleSpec, optimizer: OptimizerSpec, steps: int,
-                    updates_per_epoch: int = 1) -> dict[str, Any]:
-    """Every group's lr at optax counts 0..steps-1 (int32, as optax's state holds them); no momentum."""
+def plateau(spec: ScheduleSpec, base: float) -> optax.GradientTransformationExtraArgs:
+    """optax.contrib.reduce_on_plateau for torch's ReduceLROnPlateau fields (its scale times `base`)."""
+    require(spec, "schedule", "mode", ("min",), "optax.contrib.reduce_on_plateau (it minimizes)")
+    require(spec, "schedule", "eps", (1e-8,), "optax.contrib.reduce_on_plateau (eps)")
+    rel = spec.threshold_mode == "rel"
+    return optax.contrib.reduce_on_plateau(factor=spec.factor, patience=spec.patience,
+                                           rtol=spec.threshold if rel else 0.0, atol=0.0 if rel else spec.threshold,
+                                           cooldown=spec.cooldown, min_scale=spec.min_lr / base)
+
+
+def _plateau_values(schedule: ScheduleSpec, bases: list[float], observed: Any, rows: np.ndarray) -> np.ndarray:
+    txs = [plateau(schedule, b) for b in bases]
+    dummy = {"p": jnp.zeros(())}
+    out = []
+    for b, tx in zip(bases, txs):  # the plateau's update jitted once, stepped on the host as in a training loop
+        step, st, scales = jax.jit(lambda s, v, tx=tx: tx.update(dummy, s, value=v)[1]), tx.init(dummy), []
+        for t in range(int(rows[-1]) + 1):
+            scales.append(b * float(st.scale))
+            if observed is not None:
+                st = step(st, jnp.asarray(observed[t]))
+        out.append(scales)
+    return np.array(out).T[rows]
+
+
+def schedule_values(schedule: ScheduleSpec, optimizer: OptimizerSpec, steps: int, updates_per_epoch: int = 1, *,
+                    at: list[int] | None = None, metrics: list[float] | None = None) -> dict[str, Any]:
+    """Every group's lr at optax counts 0..steps-1 (or the `at` counts; int32, as optax's state holds
+    them); no momentum. reduce_on_plateau: the base lr times the plateau's scale after the metrics
+    observed so far."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
+    observed = check_metrics(schedule, metrics, steps)
+    rows = spots(steps, at)
+    if schedule.name == "reduce_on_plateau":
+        return {"lr": _plateau_values(schedule, group_base_lrs(optimizer), observed, rows), "momentum": None}
     fns = [schedule_fn(schedule, lr, steps, updates_per_epoch) for lr in group_base_lrs(optimizer)]
-    lr = [[float(f(jnp.asarray(t, jnp.int32))) for f in fns] for t in range(steps)]
-    return {"lr": np.array(lr), "momentum": None}
+    counts = jnp.asarray(rows, jnp.int32)  # optax's int32 count; each schedule compiled once over every count
+    lr = [np.asarray(jax.jit(jax.vmap(f))(counts), np.float64) for f in fns]
+    return {"lr": np.stack(lr, axis=1), "momentum": None}

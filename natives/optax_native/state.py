@@ -17,6 +17,8 @@ from natives.optax_native.backend import to_numpy
 def field_names(optimizer: str, amsgrad_variant: str = "torch") -> dict[str, dict[str, str]]:
     """optax state class → {field: neutral name} for one optimizer."""
     second = "u" if optimizer == "adamax" else "v"
+    if optimizer.startswith("schedule_free"):
+        return {"ScheduleFreeState": {"z": "z"}, "ScaleByRmsWithCountState": {"nu": "v"}}
     return {
         "ScaleByAdamState": {"mu": "m", "nu": second},
         "ScaleByAmsgradState": {"mu": "m", "nu": "v",
@@ -51,6 +53,9 @@ def export(state: Any, names: Mapping[str, Mapping[str, str]], params: list[str]
     def visit(node: Any) -> Any:
         if "count" in node._fields and np.ndim(node.count) == 0:
             counts.append(int(node.count))
+        if type(node).__name__ == "ScheduleFreeState":  # its averaging weights, one pair for the tree
+            for param in node.z:
+                out.setdefault(param, {}).update(weight_sum=to_numpy(node.weight_sum), lr_max=to_numpy(node.max_lr))
         for field, neutral in names.get(type(node).__name__, {}).items():
             for param, value in getattr(node, field).items():
                 if isinstance(value, jax.Array):

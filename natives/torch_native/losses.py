@@ -3,11 +3,16 @@
 A mask is applied the way torch users do it: `reduction="none"`, then the masked sum over the masked
 count (class weights of the targets for weighted cross_entropy / nll). Half-precision predictions
 are upcast to float32 before the loss, as torch.autocast does for losses. `sum` is the loss with
-reduction="sum" and `count` the divisor of torch's mean (sum / mean).
+reduction="sum" and `count` the divisor of torch's mean (sum / mean). Per-sample weights as torch
+users apply them (torch has no argument): `reduction="none"` values times `sample_weight`, then
+summed and divided by the same count (docs/divergences.md L-SAMPLE). sigmoid_focal is
+`torchvision.ops.sigmoid_focal_loss` (unsupported where torchvision is not installed; a `weight`
+multiplies its `reduction="none"` values, as for the sample weights).
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from typing import Any
 
@@ -17,6 +22,7 @@ import torch.nn.functional as F
 
 from conformance.config import LossSpec
 from conformance.rules.inputs import check_loss_inputs
+from natives._protocol import refuse
 from natives.torch_native.backend import dtype_of, to_numpy
 
 INDEX_TARGETS = ("cross_entropy", "nll")
@@ -46,6 +52,15 @@ def functional(spec: LossSpec, x: torch.Tensor, target: torch.Tensor, weight: to
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's note that 'mean' divides by every element
             return F.kl_div(x, target, reduction=reduction, log_target=spec.log_target)
+    if name == "sigmoid_focal":
+        try:
+            ops = importlib.import_module("torchvision.ops")
+        except ImportError:
+            raise refuse("loss.name = 'sigmoid_focal'", "torchvision.ops.sigmoid_focal_loss: torchvision is not "
+                                                        "installed") from None
+        ell = ops.sigmoid_focal_loss(x, target, alpha=spec.alpha, gamma=spec.gamma, reduction="none")
+        ell = ell if weight is None else ell * weight
+        return ell if reduction == "none" else ell.sum() if reduction == "sum" else ell.mean()
     raise AssertionError(name)
 
 
@@ -68,10 +83,15 @@ def tensors(spec: LossSpec, prediction: np.ndarray, target: np.ndarray, weight: 
 
 
 def masked(spec: LossSpec, seen: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None,
-           mask: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(value, sum, count) over the masked elements: Σ m·ℓ / Σ m·c, ℓ from reduction="none" and c
-    the element's share of torch's mean (its target's class weight, 0 when ignored); no mask: all."""
+           mask: np.ndarray | None, sample_weight: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """(value, sum, count) over the masked elements: Σ m·s·ℓ / Σ m·c, ℓ from reduction="none", s the
+    sample weight (1 without), c the element's share of torch's mean (its target's class weight, 0
+    when ignored); no mask: all."""
     ell = functional(spec, seen, t, w, "none")
+    if sample_weight is not None:
+        s = torch.tensor(np.asarray(sample_weight, np.float64), dtype=ell.dtype)
+        ell = ell * s.reshape(s.shape + (1,) * (ell.dim() - s.dim()))
     m = torch.ones_like(ell, dtype=torch.bool) if mask is None else torch.tensor(np.asarray(mask, bool))
     c = torch.ones_like(ell)
     if spec.name in INDEX_TARGETS and t.dtype == torch.long:
@@ -88,12 +108,13 @@ def masked(spec: LossSpec, seen: torch.Tensor, t: torch.Tensor, w: torch.Tensor 
 
 
 def loss_value_and_grad(spec: LossSpec, prediction: np.ndarray, target: np.ndarray, weight: np.ndarray | None = None,
-                        mask: np.ndarray | None = None, dtype: str = "float64") -> dict[str, Any]:
+                        mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
+                        dtype: str = "float64") -> dict[str, Any]:
     """The loss of the spec by torch.nn.functional, its autograd gradient, sum and count."""
-    check_loss_inputs(spec, prediction, target, weight, mask)
+    check_loss_inputs(spec, prediction, target, weight, mask, sample_weight)
     x, seen, t, w = tensors(spec, prediction, target, weight, dtype)
-    if mask is not None:
-        value, total, count = masked(spec, seen, t, w, mask)
+    if mask is not None or sample_weight is not None:
+        value, total, count = masked(spec, seen, t, w, mask, sample_weight)
     else:
         value = functional(spec, seen, t, w, spec.reduction)
         with torch.no_grad():

@@ -6,8 +6,11 @@ constant → ConstantLR (with a factor), step → StepLR, multistep → MultiSte
 ExponentialLR, cosine → CosineAnnealingLR, linear → LinearLR, polynomial → PolynomialLR, onecycle →
 OneCycleLR, cosine_restarts → CosineAnnealingWarmRestarts, warmup_cosine → SequentialLR([LinearLR,
 CosineAnnealingLR]) (torch's own shape past total_steps: `convention` has no torch argument),
-sequential → SequentialLR. inverse_sqrt and wsd have no class; a value a class refuses (LinearLR
-from 0, a nested SequentialLR) is unsupported with torch's message.
+sequential → SequentialLR, chained → ChainedScheduler, cyclic → CyclicLR, reduce_on_plateau →
+ReduceLROnPlateau (stepped with each observed metric). inverse_sqrt and wsd have no class; a value a
+class refuses (LinearLR from 0 or above 1, a nested SequentialLR) is unsupported with torch's
+message, and so are optax's and Keras's options torch has no argument for (`end_factor` on
+exponential, step and polynomial: torch's PolynomialLR ends at 0; `m_mul` on cosine_restarts).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from torch.optim import lr_scheduler as S
 
 from conformance.config import OptimizerSpec, ScheduleSpec
 from conformance.rules.groups import group_base_lrs
-from conformance.rules.schedules import check_schedule
+from conformance.rules.schedules import check_metrics, check_schedule, spots
 from natives._protocol import refuse
 from natives.torch_native.optimizers import CLASSES
 
 
-def scheduler(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | None:
+def scheduler(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | S.ReduceLROnPlateau | None:
     """The lr_scheduler object of the spec on `opt` (None: the constant base lr)."""
     try:
         return _make(spec, opt)
@@ -33,8 +36,18 @@ def scheduler(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler |
         raise refuse(f"schedule.name = {spec.name!r}", f"torch refuses it: {' '.join(str(exc).split())}") from None
 
 
-def _make(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | None:
+# options torch's classes have no argument for, at the value that is torch's own behaviour
+NO_ARGUMENT = {"end_factor": {"exponential": None, "step": None, "polynomial": 0.0}, "m_mul": {"cosine_restarts": 1.0}}
+CLASS_NAMES = {"exponential": "ExponentialLR", "step": "StepLR", "polynomial": "PolynomialLR",
+               "cosine_restarts": "CosineAnnealingWarmRestarts"}
+
+
+def _make(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | S.ReduceLROnPlateau | None:
     n = spec.name
+    for field, torch_value in NO_ARGUMENT.items():
+        if n in torch_value and getattr(spec, field) != torch_value[n]:
+            raise refuse(f"schedule.{field} = {getattr(spec, field)!r}", f"torch.optim.lr_scheduler.{CLASS_NAMES[n]} "
+                                                                         "has no such argument")
     if n == "constant":
         return None if spec.factor is None else S.ConstantLR(opt, factor=spec.factor, total_iters=spec.total_iters)
     if n == "step":
@@ -58,6 +71,17 @@ def _make(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | Non
                             three_phase=spec.three_phase)
     if n == "cosine_restarts":
         return S.CosineAnnealingWarmRestarts(opt, spec.t_0, spec.t_mult, spec.eta_min)
+    if n == "chained":
+        return S.ChainedScheduler([_make(p, opt) or S.ConstantLR(opt, factor=1.0, total_iters=0)
+                                   for p in spec.schedulers or []], opt)
+    if n == "cyclic":
+        base = spec.base_lr if spec.base_lr is not None else [g["lr"] for g in opt.param_groups]
+        return S.CyclicLR(opt, base, spec.max_lr, spec.step_size_up, spec.step_size_down, spec.mode, spec.gamma,
+                          scale_mode=spec.scale_mode, cycle_momentum=spec.cycle_momentum,
+                          base_momentum=spec.base_momentum, max_momentum=spec.max_momentum)
+    if n == "reduce_on_plateau":
+        return S.ReduceLROnPlateau(opt, spec.mode, spec.factor, spec.patience, spec.threshold, spec.threshold_mode,
+                                   spec.cooldown, spec.min_lr, spec.eps)
     if n in ("warmup_cosine", "sequential"):
         parts, milestones = _flat(spec, opt)
         return parts[0] if len(parts) == 1 else S.SequentialLR(opt, parts, milestones)
@@ -95,22 +119,29 @@ def holder(optimizer: OptimizerSpec) -> torch.optim.Optimizer:
     return cls(groups)
 
 
-def schedule_values(schedule: ScheduleSpec, optimizer: OptimizerSpec, steps: int,
-                    updates_per_epoch: int = 1) -> dict[str, Any]:
-    """Every group's lr at updates 0..steps-1 from the lr_scheduler object, and the cycled momentum."""
+def schedule_values(schedule: ScheduleSpec, optimizer: OptimizerSpec, steps: int, updates_per_epoch: int = 1, *,
+                    at: list[int] | None = None, metrics: list[float] | None = None) -> dict[str, Any]:
+    """Every group's lr at updates 0..steps-1 (or the `at` updates) from the lr_scheduler object, and
+    the cycled momentum; ReduceLROnPlateau steps with the metric observed after each update."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
-    if schedule.name == "onecycle" and schedule.cycle_momentum and optimizer.name not in CLASSES:
-        raise refuse(f"optimizer.name = {optimizer.name!r}", "OneCycleLR cycles the momentum of a torch.optim "
+    observed = check_metrics(schedule, metrics, steps)
+    rows = spots(steps, at)
+    if schedule.name in ("onecycle", "cyclic") and schedule.cycle_momentum and optimizer.name not in CLASSES:
+        raise refuse(f"optimizer.name = {optimizer.name!r}", f"{schedule.name} cycles the momentum of a torch.optim "
                                                              "class; torch.optim has none of this name")
     opt = holder(optimizer)
     sched = scheduler(schedule, opt)
-    cycled = schedule.name == "onecycle" and schedule.cycle_momentum
+    cycled = schedule.name in ("onecycle", "cyclic") and schedule.cycle_momentum
+    plateau = isinstance(sched, S.ReduceLROnPlateau)
     lr, mom = [], []
-    for t in range(steps):
+    last = int(rows[-1])
+    for t in range(last + 1):
         lr.append([float(g["lr"]) for g in opt.param_groups])
         mom.append([float(g["betas"][0] if "betas" in g else g["momentum"]) for g in opt.param_groups]
                    if cycled else [])
         opt.step()
-        if sched is not None and (t + 1) % updates_per_epoch == 0 and t + 1 < steps:
+        if plateau and observed is not None:
+            sched.step(float(observed[t]))  # type: ignore[union-attr]
+        elif sched is not None and not plateau and (t + 1) % updates_per_epoch == 0 and t < last:
             sched.step()
-    return {"lr": np.array(lr), "momentum": np.array(mom) if cycled else None}
+    return {"lr": np.array(lr)[rows], "momentum": np.array(mom)[rows] if cycled else None}

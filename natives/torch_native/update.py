@@ -32,6 +32,8 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
     if len(opts) != 1:
         raise refuse("optimizer.name = 'muon' with a fallback", "two torch optimizers; an lr_scheduler drives one")
     sched = scheduler(config.schedule, opts[0])
+    if config.schedule.name == "reduce_on_plateau":
+        raise refuse("schedule.name = 'reduce_on_plateau'", "the update path observes no metric")
     out: dict[str, list[Any]] = {"params": [], "lrs": [], "skipped": [], "scales": []}
     for t, g in enumerate(grads):
         lrs = [float(pg["lr"]) for pg in opts[0].param_groups]

@@ -12,6 +12,9 @@ import numpy as np
 from conformance import checkpoint as ck
 from conformance.config import load_config
 from conformance.errors import CheckpointError
+from conformance.rules import plateau
+from conformance.rules.groups import group_base_lrs
+from conformance.rules.schedules import start_lrs
 from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
@@ -87,6 +90,8 @@ def differences(ref: Path, got: Path, updates: int) -> list[str]:
         for k in x:
             if k not in y or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]):
                 out.append(f"{what} {k} differs")
+    if a.meta["schedule"] != b.meta["schedule"]:  # the position, and reduce_on_plateau's state
+        out.append(f"state.json schedule: {b.meta['schedule']} != {a.meta['schedule']}")
     if a.meta["loss_scale"] != b.meta["loss_scale"] or a.meta["counters"] != b.meta["counters"]:
         out.append(f"state.json: {b.meta['loss_scale']} {b.meta['counters']} != "
                    f"{a.meta['loss_scale']} {a.meta['counters']}")
@@ -118,4 +123,8 @@ def forgotten(checkpoint: ck.Checkpoint, piece: str) -> ck.Checkpoint:
         state = state._replace(rng={})
     elif piece == "ema":  # the weights' EMA not restored: it starts again at the next due update
         state = state._replace(ema=None)
+    elif piece == "plateau":  # reduce_on_plateau rebuilt fresh: best, counters and lrs at their start
+        config = load_config(tomllib.loads(state.config))
+        fresh = plateau.initial(config.schedule, start_lrs(config.schedule, group_base_lrs(config.optimizer)))
+        meta["schedule"] = {**meta["schedule"], "plateau": plateau.to_json(fresh)}
     return checkpoint._replace(state=state._replace(meta=meta))

@@ -11,14 +11,13 @@ element by element) and `grad` is d(Σ value)/d(prediction); otherwise `value` i
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
 
-from conformance.errors import CaseError, UnsupportedError
+from conformance.errors import CaseError
 from conformance.harness.arrays import Array, CaseTable, round_to
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, require_parameters
 from conformance.harness.case import Case
 from conformance.rules.inputs import INDEX_LOSSES, element_shape
 
@@ -83,19 +82,9 @@ def arrays(case: Case) -> dict[str, Any]:
 def run(case: Case, backend: Backend) -> dict[str, Any]:
     fn = backend.function("losses", "loss_value_and_grad")
     inputs = arrays(case)
-    if "sample_weight" in inputs and not _accepts(fn, "sample_weight"):
-        raise UnsupportedError(f"backend {backend.name}: losses.loss_value_and_grad takes no sample_weight")
+    require_parameters(backend.name, fn, "losses.loss_value_and_grad", [k for k in ("sample_weight",) if k in inputs])
     out = fn(case.sections["loss"], dtype=case.dtype, **inputs)
     return {k: out[k] for k in expected_values(case)}
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    # an outside backend written before sample_weight existed is "unsupported" for it, not a crash
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def expected_values(case: Case) -> dict[str, Any]:

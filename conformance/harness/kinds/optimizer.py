@@ -33,7 +33,7 @@ from conformance.config import Config, PrecisionSpec
 from conformance.config.base import NonNegInt
 from conformance.errors import ConfigError
 from conformance.harness.arrays import Array, CaseTable, ParamSet, round_to
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, require_parameters
 from conformance.harness.case import Case
 from conformance.rules.schedules import check_schedule
 from conformance.rules.trajectory import check_trajectory_inputs
@@ -163,7 +163,9 @@ def run(case: Case, backend: Backend) -> dict[str, Any]:
     a = arrays(case)
     if not through_update_path(case):
         fn = backend.function("optimizers", "run_trajectory")
-        extra = {"ema": case.sections["ema"]} if case.expected.ema is not None else {}
+        # an error case's [expected] has no ema: it runs without one (the error comes first)
+        extra = {"ema": case.sections["ema"]} if not case.expects_error and case.expected.ema is not None else {}
+        require_parameters(backend.name, fn, "optimizers.run_trajectory", extra)
         out = fn(case.sections["optimizer"], dtype=case.dtype, **a, **extra)
         if "ema" in extra:  # not started yet: an empty table, as the case writes it
             out["ema"] = [e or {} for e in out["ema"]]

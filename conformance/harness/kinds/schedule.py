@@ -25,7 +25,7 @@ import numpy as np
 
 from conformance.config.base import PosInt
 from conformance.harness.arrays import Array, CaseTable
-from conformance.harness.backends import Backend
+from conformance.harness.backends import Backend, require_parameters
 from conformance.harness.case import Case
 from conformance.rules.groups import group_base_lrs
 
@@ -106,6 +106,7 @@ def run(case: Case, backend: Backend) -> dict[str, Any]:
         extra["at"] = list(case.inputs.at)
     if case.inputs.metrics is not None:
         extra["metrics"] = case.inputs.metrics.astype(np.float64).tolist()
+    require_parameters(backend.name, fn, "schedules.schedule_values", extra)
     out = fn(case.sections["schedule"], case.sections["optimizer"], steps(case), case.inputs.updates_per_epoch,
              **extra)
     got: dict[str, Any] = {}
