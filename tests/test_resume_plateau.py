@@ -174,7 +174,7 @@ def test_a_checkpoint_without_the_plateau_is_refused(runs: dict[str, Path], tmp_
         return found._replace(state=found.state._replace(meta=meta))
 
     monkeypatch.setattr(ck, "load_checkpoint", without)
-    with pytest.raises(CheckpointError, match=r"state.json: schedule.plateau is missing"):  # validate_state
+    with pytest.raises(CheckpointError, match="has no schedule.plateau, but this run's schedule is reduce_on_plateau"):
         _resume(runs["config"], name, out)
 
 

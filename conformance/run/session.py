@@ -150,7 +150,7 @@ def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, worl
         ckpt.prepare_directory(out / "checkpoints")
     if resume:
         # lazy: a sharded checkpoint's ranks each read only their slices (the trainers' restore)
-        checkpoint = pick_checkpoint(out / "checkpoints", config.checkpoint.allow_fallback, lazy=True)
+        checkpoint = pick_checkpoint(out / "checkpoints", config.checkpoint.allow_fallback, True)
         if checkpoint is not None:
             path = checkpoint.path
             check_resumable(checkpoint.state.config, config, path, checkpoint.manifest["world_size"], world_size)
