@@ -64,6 +64,7 @@ LEGAL: list[tuple[tuple[str, ...], list[Any], str]] = [
     (("data.val_fraction",), [0], "in [0, 1): no validation split"),
     (("checkpoint.every", "run.eval_every"), [0], "0 = only at the end / never evaluate (documented)"),
     (("run.seed",), [0], "any non-negative seed"),
+    (("ema.start",), [0], "from update 0 on (the default: the first update's weights start the EMA)"),
     (("optimizer.lr", "optimizer.groups[0].lr", "optimizer.weight_decay", "optimizer.eps", "optimizer.eps_root"),
      [0, 1e30], "any finite value >= 0, as torch.optim takes it (lr = 0 freezes the parameters, eps_root = 0 "
                 "is its default); 1e30 is huge but finite"),
