@@ -135,22 +135,36 @@ def check_entry(path: Path, want: str, error: type[Exception] = PathError) -> bo
     return True
 
 
+def create_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Create `path` (it must not exist, nor be a link), write all of `data` and fsync it; an
+    OSError is the caller's to name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the entries created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a small text file so that a reader sees the old or the new content, never a mix (a
     temp file `.NAME.tmp-XXXXXXXX` beside it, fsync'ed, renamed; a kill leaves at most that temp
     file, which the next run removes: conformance.run.rundir)."""
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    data = text.encode("utf-8")
     try:
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        create_durable(tmp, text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

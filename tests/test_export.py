@@ -288,10 +288,10 @@ def test_a_failed_write_leaves_the_old_export(runs: dict[str, Path], tmp_path: P
     export(runs["linear"], "torch", out)
     before = (out / "model.safetensors").read_bytes()
 
-    def full(directory: Path, name: str, data: bytes) -> None:
+    def full(path: Path, data: bytes, mode: int = 0o600) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(write, "_write", full)
+    monkeypatch.setattr(write, "create_durable", full)
     with pytest.raises(PathError, match="No space left on device"):
         export(runs["mlp"], "torch", out, force=True)
     assert (out / "model.safetensors").read_bytes() == before

@@ -27,7 +27,7 @@ from conformance.errors import (
     CheckpointError,
     CheckpointRejected,
 )
-from conformance.files import open_regular, read_fd
+from conformance.files import fsync_dir, open_regular, read_fd
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -65,15 +65,6 @@ def write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
     finally:
         os.close(fd)
     return {"size": len(data), "sha256": sha256_hex(data)}
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so that the entries created or renamed in it are durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_stat(st: os.stat_result, path: Path, kind: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import safetensors.numpy
 
 from conformance.errors import PathError
-from conformance.files import check_entry, path_error
+from conformance.files import check_entry, create_durable, fsync_dir, path_error
 
 
 def safetensors_bytes(tensors: dict, metadata: dict[str, str] | None = None) -> bytes:
@@ -38,25 +38,6 @@ def check_target(out: Path, force: bool) -> None:
                         f"(nothing was written)")
 
 
-def _write(directory: Path, name: str, data: bytes) -> None:
-    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_directory(out: Path, files: dict[str, bytes], force: bool = False) -> Path:
     """Write `files` ({name: bytes}) as the directory `out` (see the module docstring)."""
     check_target(out, force)
@@ -67,13 +48,13 @@ def write_directory(out: Path, files: dict[str, bytes], force: bool = False) -> 
         parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(mode=0o755)
         for name, data in files.items():
-            _write(tmp, name, data)
-        _fsync_dir(tmp)
+            create_durable(tmp / name, data, 0o644)
+        fsync_dir(tmp)
         if check_entry(out, "directory") and next(os.scandir(out), None) is not None:
             aside = parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(out, aside)
         os.replace(tmp, out)  # onto nothing, or onto an empty directory
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if aside is not None and not os.path.lexists(out):
