@@ -80,23 +80,10 @@ both = pytest.mark.parametrize("side", list(SIDES))
 
 
 @pytest.fixture(autouse=True, scope="module")
-def xla_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A persistent compilation cache for this module's JAX runs, in process and in the subprocesses:
-    each resume of the same config loads the compiled step instead of compiling it again (the same
-    executable, the same bits). Scoped to the module and reset afterwards."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
-                                                 "jax_persistent_cache_min_compile_time_secs")}
-    cache = tmp_path_factory.mktemp("resume-jax") / "xla-cache"
-    cc.reset_cache()
-    cc.set_cache_dir(str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    yield cache
-    cc.reset_cache()
-    for k, v in saved.items():
-        jax.config.update(k, v)
+def xla_cache(persistent_xla_cache: Path) -> Path:
+    """The module's persistent JAX compilation cache (tests/support/trainers.py), in process and in
+    the subprocesses (env): each resume of the same config loads the compiled step."""
+    return persistent_xla_cache
 
 
 @pytest.fixture(autouse=True, scope="module")
