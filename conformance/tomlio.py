@@ -104,11 +104,16 @@ def parse(text: str, where: str = "", error: type[Exception] = ValueError) -> di
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+_STRING = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(s, ensure_ascii=False) without a new encoder per call
+
+
 def _key(k: str) -> str:
-    return k if _BARE.match(k) else json.dumps(k, ensure_ascii=False)
+    return k if _BARE.match(k) else _STRING(k)
 
 
 def _scalar(v: Any) -> str:
+    if type(v) is str:  # the common case first (a whole config is written at every run's start)
+        return _STRING(v)
     if isinstance(v, (bool, np.bool_)):
         return "true" if v else "false"
     if isinstance(v, (int, np.integer)):
@@ -121,16 +126,16 @@ def _scalar(v: Any) -> str:
             return "inf" if f > 0 else "-inf"
         return repr(f)
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return _STRING(v)
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
 def _is_table(v: Any) -> bool:
-    return isinstance(v, Mapping)
+    return type(v) is dict or isinstance(v, Mapping)
 
 
 def _is_list(v: Any) -> bool:
-    return isinstance(v, (list, tuple, np.ndarray))
+    return type(v) is list or isinstance(v, (list, tuple, np.ndarray))
 
 
 def _inline(v: Any, indent: int = 0) -> str:

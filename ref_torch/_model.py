@@ -3,7 +3,7 @@ and one micro-batch's loss.
 
     module = make(config, info, device, model)      # [model]'s, or the user's moved and cast
     tensors = named(module, config.model.rename)      # Tensors: trainable, frozen, buffers
-    loss = micro_batch_loss(config, forward, loss_fn, mb)
+    loss, output, targets = batch_loss(config, forward, loss_fn, batch)   # or batch_loss_fn(...)(batch)
 
 Neutral names are torch's own: `named_parameters()` (a tied parameter once) and the persistent
 buffers of `named_buffers()` (the state_dict's), renamed by `[model] rename`
@@ -77,13 +77,17 @@ def to_device(fields: Mapping[str, Any], device: torch.device, dtype: torch.dtyp
     they are (pinned and copied asynchronously on CUDA)."""
     out = {}
     host = _NUMPY.get(dtype)
+    cuda = device.type == "cuda"
     for key, a in fields.items():
-        if host is not None and isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.dtype != host:
-            a = a.astype(host)  # cast on the host: cheaper than a torch op on a small batch
-        t = torch.as_tensor(a)
-        if t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
-        if device.type == "cuda":
+        if host is not None and isinstance(a, np.ndarray):
+            if a.dtype.kind == "f" and a.dtype != host:
+                a = a.astype(host)  # cast on the host: cheaper than a torch op on a small batch
+            t = torch.as_tensor(a)
+        else:
+            t = torch.as_tensor(a)
+            if t.dtype != dtype and t.is_floating_point():
+                t = t.to(dtype)
+        if cuda:
             t = t.pin_memory().to(device, non_blocking=True)
         out[key] = t
     return out
@@ -106,14 +110,30 @@ def batch_loss(config: Config, forward: Any, loss_fn: Callable[[Any, Any], Any] 
                batch: Mapping[str, Any]) -> tuple[LossOutput, Any, Any]:
     """(loss, output, targets) of one batch: the forward pass under autocast, then `[loss]` (class
     outputs (..., C) against (...) targets as (N, C) against (N,)) or loss_fn."""
-    spec = config.data
-    x = batch[spec.inputs]
-    with autocast(config.precision, x.device.type):
-        out = forward(x)
-    if loss_fn is not None:
-        return user_loss(loss_fn, out, {**batch, SAMPLE_MASK: torch.ones(x.shape[0], dtype=torch.bool,
-                                                                          device=x.device)}), out, None
-    y = batch[spec.targets]
-    if config.loss.name in INDEX_LOSSES and (out.ndim > 2 or y.ndim > 1):  # (B, T, V) logits, (B, T) tokens
-        out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
-    return compute_loss(config.loss, out, y), out, y
+    return batch_loss_fn(config, forward, loss_fn)(batch)
+
+
+def batch_loss_fn(config: Config, forward: Any,
+                  loss_fn: Callable[[Any, Any], Any] | None) -> Callable[[Mapping[str, Any]], tuple[LossOutput, Any, Any]]:
+    """batch_loss with the config read once: batch -> (loss, output, targets), the trainer's call per
+    micro-batch (a few attribute reads fewer each time)."""
+    inputs, targets, precision, spec = config.data.inputs, config.data.targets, config.precision, config.loss
+    cast = precision.autocast
+    index = spec.name in INDEX_LOSSES
+
+    def run(batch: Mapping[str, Any]) -> tuple[LossOutput, Any, Any]:
+        x = batch[inputs]
+        if cast:
+            with autocast(precision, x.device.type):
+                out = forward(x)
+        else:  # no context to enter: the common float32 step stays lean
+            out = forward(x)
+        if loss_fn is not None:
+            mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+            return user_loss(loss_fn, out, {**batch, SAMPLE_MASK: mask}), out, None
+        y = batch[targets]
+        if index and (out.ndim > 2 or y.ndim > 1):  # (B, T, V) logits, (B, T) tokens
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return compute_loss(spec, out, y), out, y
+
+    return run

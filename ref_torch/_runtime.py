@@ -36,7 +36,11 @@ def seed_everything(seed: int) -> None:
     generators. The data pipeline does not use them; dropout and user code do."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    # torch.manual_seed's CPU and CUDA halves: without CUDA it would queue a lazy CUDA call (and
+    # capture a stack trace for it) on every run
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from conformance.config.accumulation import AccumulationSpec
-from conformance.config.clip import ClipSpec
+from conformance.config.clip import TORCH_EPS, ClipSpec
 from conformance.config.precision import PrecisionSpec
 from ref_torch.accumulation import accumulate_gradients
 from ref_torch.clipping import _scale_by_norm, check_norm, clip_gradients, total_norm
@@ -124,8 +124,8 @@ def apply_update(
 def _to_host(values: list[Any]) -> list[float]:
     """Scalars as Python floats in one transfer from an accelerator (one stacked copy); on the CPU
     there is nothing to transfer and each is read directly (stacking would cost more)."""
-    if all(v.device.type == "cpu" for v in values):
-        return [float(v) for v in values]
+    if values[0].device.type == "cpu":  # a CPU run (float() reads any device, one sync each)
+        return list(map(float, values))
     device = values[0].device
     return torch.stack([v.to(device=device, dtype=torch.float64).reshape(()) for v in values]).tolist()
 
@@ -133,9 +133,10 @@ def _to_host(values: list[Any]) -> list[float]:
 def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float,
           reduce_norm: Callable[[Any, float], Any] | None = None) -> None:
     # The global-norm rule reuses the norm already computed (no second pass over the gradients).
-    if spec.mode == "none":
+    mode = spec.mode  # a property: read once
+    if mode == "none":
         return
-    if spec.mode == "per_parameter" and reduce_norm is not None:
+    if mode == "per_parameter" and reduce_norm is not None:
         # sharded: each parameter's norm over every rank's shard (one all-reduce for all of them)
         if spec.error_if_nonfinite and not math.isfinite(norm_value):
             check_norm(spec, norm, grads)
@@ -146,10 +147,14 @@ def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float
                 for g, n in zip(present, reduce_norm(local, spec.norm_type)):
                     _scale_by_norm([g], n, spec)
         return
-    if spec.mode == "global_norm":
+    if mode == "global_norm":
         if spec.error_if_nonfinite and not math.isfinite(norm_value):
             check_norm(spec, norm, grads)
+        present = [g for g in grads.values() if g is not None]
+        if spec.eps == TORCH_EPS:  # torch's clip_grads_with_norm_, which runs under no_grad itself
+            _scale_by_norm(present, norm, spec)
+            return
         with torch.no_grad():
-            _scale_by_norm([g for g in grads.values() if g is not None], norm, spec)
+            _scale_by_norm(present, norm, spec)
         return
     clip_gradients(spec, grads)

@@ -10,6 +10,7 @@ See conformance.config.accumulation. The `accumulate` case model is linear: x @ 
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -71,57 +72,64 @@ def accumulate_gradients(
     compiled loop serves every window: lax.scan adds the gradients in micro-batch order (as torch's
     .grad +=), an absent micro-batch not even computed (lax.cond); loss_fn's micro-batch also holds
     "j", its index in the window; gradients are returned as a pytree like params (traceable in jit)."""
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):
         raise InputError("params must be a mapping of name -> parameter, e.g. dict(model.named_parameters())")
-    micro = list(window)
+    micro = window if type(window) in (list, tuple) else list(window)
     n = len(micro)
-    after = spec.normalize == "tokens" and counts is None  # N from loss_fn's counts, divided at the end
+    tokens = spec.normalize == "tokens"
+    after = tokens and counts is None  # N from loss_fn's counts, divided at the end
     check_window(spec.model_copy(update={"normalize": "micro_batches"}) if after else spec, n, counts)
     for p in params.values():
         p.grad = None
     divisor: Any = float(n)
-    if spec.normalize == "tokens" and not after:
+    if tokens and not after:
         total = counts.sum() if isinstance(counts, torch.Tensor) else torch.as_tensor(
             np.sum(np.asarray([float(c) for c in counts], np.float64)))
         divisor = reduce_count(total) if reduce_count is not None else total
+    divide: Any = None  # the divisor as a tensor on the loss's device and in its dtype (tokens)
     parts: list[Any] = []
     sums: list[Any] = []
     counts_seen: list[Any] = []
+    last = n - 1
     for j, mb in enumerate(micro):
-        ctx = no_sync() if (no_sync is not None and j < n - 1) else contextlib.nullcontext()
-        with ctx:
+        with no_sync() if (no_sync is not None and j < last) else _NO_CONTEXT:
             out = loss_fn(params, mb)
             if after:
                 part = out.sum
                 counts_seen.append(out.count)
-            elif spec.normalize == "tokens":
-                part = out.sum / torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
+            elif tokens:
+                if divide is None:
+                    divide = torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
+                part = out.sum / divide
             else:
                 part = out.value / n
             (scale_loss(part) if scale_loss is not None else part).backward()
         parts.append(part)
         sums.append(out.sum)
-    with torch.no_grad():  # the totals, summed in micro-batch order (a left fold, as .grad accumulates)
-        loss_total, sum_total = _fold(parts), _fold(sums)
-        if after:
-            total = _fold([c.to(torch.float64) for c in counts_seen])
-            divisor = reduce_count(total) if reduce_count is not None else total
+    # the totals, summed in micro-batch order (a left fold, as .grad accumulates), outside the graph
+    loss_total, sum_total = _fold(parts), _fold(sums)
+    if after:
+        total = _fold([c.to(torch.float64) for c in counts_seen])
+        divisor = reduce_count(total) if reduce_count is not None else total
+        with torch.no_grad():
             for p in params.values():
                 if p.grad is not None:
                     p.grad.div_(divisor.to(p.grad.dtype))
-            loss_total = loss_total / divisor.to(loss_total.dtype)
+        loss_total = loss_total / divisor.to(loss_total.dtype)
     count = divisor if isinstance(divisor, torch.Tensor) else torch.tensor(divisor, dtype=torch.float64)
-    grads = {k: p.grad for k, p in params.items()}
+    grads = dict(zip(params, map(_GRAD, params.values())))  # {name: p.grad}
     return grads, WindowOutput(loss_total, sum_total, count, model_state)
 
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: nullcontext holds no state
+_GRAD = operator.attrgetter("grad")
+
+
 def _fold(values: list[Any]) -> Any:
-    # under no_grad (the caller's): the sum records no graph, so only a lone term needs detaching
-    if len(values) == 1:
-        return values[0].detach()
-    total = values[0] + values[1]
-    for v in values[2:]:
-        total = total + v
+    # detached terms: the sum records no graph (cheaper than entering torch.no_grad())
+    total = values[0].detach()
+    for v in values[1:]:
+        total = total + v.detach()
     return total
 
 

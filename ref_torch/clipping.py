@@ -29,14 +29,16 @@ class _GradRef(NamedTuple):
 
 
 def _present(grads: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(grads, Mapping):
+    if type(grads) is not dict and not isinstance(grads, Mapping):
         raise InputError(f"grads must be a mapping of parameter name -> gradient; received {type(grads).__name__}")
     return {k: g for k, g in grads.items() if g is not None}
 
 
 def total_norm(grads: Any, norm_type: float = 2.0) -> Any:
     """The norm of order `norm_type` of all gradients as one vector (norms of per-parameter norms)."""
-    tensors = list(_present(grads).values())
+    if type(grads) is not dict and not isinstance(grads, Mapping):
+        _present(grads)  # raises the error
+    tensors = [g for g in grads.values() if g is not None]
     return torch.nn.utils.get_total_norm(tensors, norm_type, error_if_nonfinite=False)
 
 
@@ -54,7 +56,7 @@ def check_norm(spec: ClipSpec, norm: Any, grads: Any) -> None:
 
 def _scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
     if spec.eps == TORCH_EPS:
-        torch.nn.utils.clip_grads_with_norm_([_GradRef(g) for g in grads], spec.max_norm, norm)
+        torch.nn.utils.clip_grads_with_norm_(list(map(_GradRef, grads)), spec.max_norm, norm)
     elif spec.eps == 0:
         # optax's select: untouched below the threshold, (g / n) * c at or above it, where XLA
         # computes g / n as g * (1 / n); the same operations keep torch bit-for-bit equal to optax

@@ -206,6 +206,9 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
     hooks = ddp.update_hooks(wrapped, run.world_size, device)
     name = rt.device_name(device)
+    observing = isinstance(scheduler, MetricPlateau)  # reduce_on_plateau observes each evaluation
+    batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
+    plain = _plain_loss(batch_loss)  # one process, nobody watching, nothing injected: the lean call
     losses: list[float] = []
     last: Path | None = None
     for t in range(run.start, run.planned):
@@ -214,7 +217,9 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
         batches, counts = _prepare(config, run, window, device, pdtype, given.loss_fn is not None)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
-        loss_fn = _loss_fn(config, forward, run, injected(config, t), t, given.loss_fn, device)
+        inject = injected(config, t)
+        loss_fn = plain if run.world_size == 1 and run.events is None and not inject else \
+            _loss_fn(config, batch_loss, run, inject, t, given.loss_fn, device)
         to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
                                    counts, update=t, **hooks)
@@ -231,10 +236,9 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
                      **throughput_extras(config, run, window, t2 - t0, name)}
             run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
                                                           **extra))
-        record = _maybe_evaluate(config, run, objs, device, pdtype, t, given.loss_fn)
-        observing = isinstance(scheduler, MetricPlateau)
+        record = _evaluate_now(config, run, objs, device, pdtype, t, given.loss_fn) if eval_due(run, t) else None
         if observing and record is not None:
-            scheduler.step(record[config.schedule.monitor])  # reduce_on_plateau observes each evaluation
+            scheduler.step(record[config.schedule.monitor])
         val_loss = None if record is None else record["val_loss"]
         due = checkpoint_due(run, t)
         stop = t + 1 < run.planned and run.stop_requested(lambda asked: not ddp.agree(not asked, run.world_size))
@@ -275,8 +279,16 @@ def _fields(batch: Any) -> Any:
     return batch.fields if batch.fields is not None else {"x": batch.x, "y": batch.y}
 
 
-def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
+def _plain_loss(batch_loss: Callable[[Any], Any]) -> Callable[[Any, tuple[Any, Any]], LossOutput]:
+    def loss_fn(_params: Any, mb: tuple[Any, Any]) -> LossOutput:
+        return batch_loss(mb[0])[0]
+
+    return loss_fn
+
+
+def _loss_fn(config: Config, batch_loss: Callable[[Any], Any], run: Run, inject: bool, update: int,
              user: Callable[[Any, Any], Any] | None, device: torch.device) -> Any:
+    # the general micro-batch loss: events, data-parallel scaling, injected overflows
     spec, world, events = config.loss, run.world_size, run.events
     calls = [0]
 
@@ -285,7 +297,7 @@ def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
         if events is not None:
             notify(events, "micro_batch", update=update, index=calls[0])
         calls[0] += 1
-        res = _model.batch_loss(config, forward, user, batch)[0]
+        res = batch_loss(batch)[0]
         if world > 1 and config.accumulation.normalize != "tokens":
             # DDP averages the ranks' gradients: this rank's share of the global micro-batch loss, × world
             if global_count is None:  # a loss_fn's count, known only now
@@ -299,10 +311,8 @@ def _loss_fn(config: Config, forward: Any, run: Run, inject: bool, update: int,
     return loss_fn
 
 
-def _maybe_evaluate(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
-                    t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any] | None:
-    if not eval_due(run, t):
-        return None
+def _evaluate_now(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
+                  t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any]:
     with _evaluation_weights(config, objs):
         record = eval_record(t, _evaluate(config, run, objs.model, device, dtype, user))
     val = record["val_loss"]
@@ -342,11 +352,12 @@ def _evaluate(config: Config, run: Run, model: Any, device: torch.device, dtype:
     spec = config.loss
     classes = spec.name in INDEX_LOSSES and user is None
     sums = torch.zeros(4, dtype=torch.float64, device=device)
+    batch_loss = _model.batch_loss_fn(config, model, user)
     model.eval()
     try:
         with torch.inference_mode():
             for batch in run.data.val_batches():
-                res, out, y = _model.batch_loss(config, model, user, _model.to_device(_fields(batch), device, dtype))
+                res, out, y = batch_loss(_model.to_device(_fields(batch), device, dtype))
                 part = [res.sum, res.count, torch.zeros(()), torch.zeros(())]
                 if classes:
                     valid = y != spec.ignore_index

@@ -232,7 +232,10 @@ def test_sample_weight_multiplies_the_per_sample_loss(backend_name: str, seed: i
     np.testing.assert_allclose(mean["value"], float((s_b * per["value"]).sum()) / per["count"], rtol=1e-13)
     plain = evaluate(backend_name, spec, prediction=x, target=y)
     ones = evaluate(backend_name, spec, prediction=x, target=y, sample_weight=np.ones(6))
-    assert all(np.array_equal(ones[k], plain[k]) for k in ("value", "grad", "sum", "count"))
+    # torch sums unweighted class losses inside nll_loss (one kernel, its own summation order): equal
+    # to float64 rounding there, bit for bit elsewhere
+    for k in ("value", "grad", "sum", "count"):
+        np.testing.assert_allclose(ones[k], plain[k], rtol=1e-15 if backend_name == "torch" else 0, atol=0)
 
 
 @pytest.mark.parametrize("backend_name", ["torch", "jax", "oracle"])

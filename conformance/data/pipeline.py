@@ -118,11 +118,14 @@ class DataPipeline:
             n = len(self.dataset.train)
             self._order = (epoch, sampling.epoch_order(self.seed, epoch, n, self.config.data.shuffle))
         order = self._order[1]
+        take, bounds, rank, world = self.dataset.train.take, self.bounds, self.rank, self.world_size
+        inputs, targets = self.config.data.inputs, self.config.data.targets
         batches = []
-        for j in sampling.window_micro_batches(w, self.steps, len(self.bounds)):
-            start, stop = self.bounds[j]
-            part = sampling.shard(order[start:stop], self.rank, self.world_size)
-            batches.append(self._batch(self.dataset.train.take(part), part, epoch, j, stop - start))
+        for j in sampling.window_micro_batches(w, self.steps, len(bounds)):
+            start, stop = bounds[j]
+            part = order[start:stop] if world == 1 else sampling.shard(order[start:stop], rank, world)
+            fields = take(part)
+            batches.append(Batch(fields[inputs], fields.get(targets), part, epoch, j, stop - start, fields))
         return Window(update, epoch, w, tuple(batches), self._window_sizes[w])
 
     def samples_seen(self, updates_done: int) -> int:

@@ -171,7 +171,9 @@ class WindowSizes:
     def __getitem__(self, w: int) -> int:
         if not 0 <= w < self.n_windows:
             raise IndexError(f"window {w} of {self.n_windows}")
-        return self.first(w + 1) - self.first(w)
+        b = self.bounds  # first(w + 1) - first(w), in one go (once per update)
+        lo = w * self.steps
+        return min(min(lo + self.steps, b.count) * b.size, b.n) - min(min(lo, b.count) * b.size, b.n)
 
     def total(self) -> int:
         return self._total
