@@ -104,7 +104,8 @@ def parse(text: str, where: str = "", error: type[Exception] = ValueError) -> di
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-_STRING = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(s, ensure_ascii=False) without a new encoder per call
+# json.dumps(s, ensure_ascii=False) without building a new encoder per call
+_STRING = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def _key(k: str) -> str:

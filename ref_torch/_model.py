@@ -113,8 +113,10 @@ def batch_loss(config: Config, forward: Any, loss_fn: Callable[[Any, Any], Any] 
     return batch_loss_fn(config, forward, loss_fn)(batch)
 
 
-def batch_loss_fn(config: Config, forward: Any,
-                  loss_fn: Callable[[Any, Any], Any] | None) -> Callable[[Mapping[str, Any]], tuple[LossOutput, Any, Any]]:
+BatchLoss = Callable[[Mapping[str, Any]], tuple[LossOutput, Any, Any]]
+
+
+def batch_loss_fn(config: Config, forward: Any, loss_fn: Callable[[Any, Any], Any] | None) -> BatchLoss:
     """batch_loss with the config read once: batch -> (loss, output, targets), the trainer's call per
     micro-batch (a few attribute reads fewer each time)."""
     inputs, targets, precision, spec = config.data.inputs, config.data.targets, config.precision, config.loss
