@@ -92,8 +92,8 @@ class TokenSplit:
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         rows = self.starts[index][:, None] + np.arange(self.block_size + 1)
-        window = self.tokens[rows]
-        return {"x": window[:, :-1], "y": window[:, 1:]}
+        # two gathers: contiguous inputs and targets (slices of one window would make every framework copy)
+        return {"x": self.tokens[rows[:, :-1]], "y": self.tokens[rows[:, 1:]]}
 
     @cached_property
     def fingerprint(self) -> str:

@@ -67,7 +67,8 @@ class TokenShards:
             tokens = open_tokens(self.headers[s])  # a fresh map, dropped after this batch
             out[rows] = tokens[starts[rows][:, None] + span]
             del tokens
-        return {"x": out[:, :-1], "y": out[:, 1:]}
+        # contiguous inputs and targets (views of one window would make every framework copy them)
+        return {"x": np.ascontiguousarray(out[:, :-1]), "y": np.ascontiguousarray(out[:, 1:])}
 
     @cached_property
     def fingerprint(self) -> str:
