@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -192,20 +193,23 @@ def _is_metrics(fd: int) -> bool:
     return os.readlink(f"/proc/self/fd/{fd}").endswith("/metrics.jsonl")
 
 
-def _full_disk_after(n: int, monkeypatch: pytest.MonkeyPatch, torn: bool = True) -> None:
-    """SIMULATED full disk (labelled: no file system is filled): metrics.jsonl's n-th line and every
-    later write to it fail with ENOSPC; with `torn` the failing line is first half-written, as a
-    write that runs out of space part-way is."""
+def _full_disk_from_update(u: int, monkeypatch: pytest.MonkeyPatch, torn: bool = True) -> None:
+    """SIMULATED full disk (labelled: no file system is filled): the write to metrics.jsonl that holds
+    update u's line and every later write to it fail with ENOSPC (whatever the batching of lines);
+    with `torn` the failing write stops inside that line, as a write that runs out of space part-way does."""
     real = os.write
-    calls = [0]
+    failing = [False]
+    mark = f'"update": {u},'.encode()
 
     def write(fd: int, data: bytes) -> int:
         if not _is_metrics(fd):
             return real(fd, data)
-        calls[0] += 1
-        if calls[0] >= n:
-            if torn and calls[0] == n:
-                return real(fd, data[: len(data) // 2])
+        if failing[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if mark in data:
+            failing[0] = True
+            if torn:  # out of space inside update u's line
+                return real(fd, data[: data.index(mark) + len(mark)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, data)
 
@@ -217,28 +221,31 @@ def test_a_simulated_full_disk_while_writing_metrics_is_one_line_and_resumable(
         tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     out = tmp_path / "run"
     with monkeypatch.context() as patch:
-        _full_disk_after(4, patch)
+        _full_disk_from_update(2, patch)  # written at the latest before the checkpoint at 4
         assert train(out, backend=backend) == 2
     line = one_error(capsys)
     assert f"{out / 'metrics.jsonl'}: cannot write (No space left on device)" in line
-    assert (out / "metrics.jsonl").read_bytes().count(b"\n") == 3  # a torn 4th line, as the disk left it
+    data = (out / "metrics.jsonl").read_bytes()
+    whole, torn = data[:data.rfind(b"\n") + 1], data[data.rfind(b"\n") + 1:]
+    assert torn and all(json.loads(x) for x in whole.splitlines())  # whole lines, then the torn write's half
     assert [u for u, _ in ck.list_checkpoints(out / "checkpoints")] == [2]
     assert train(out, "--resume", backend=backend) == 0  # the next run reads the file and cuts it back
     assert [r["update"] for r in updates(read_metrics(out / "metrics.jsonl"))] == list(range(6))
 
 
-def test_each_metrics_line_is_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, sizes = os.write, []
+def test_each_metrics_write_is_whole_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real, writes = os.write, []
 
     def write(fd: int, data: bytes) -> int:
         if _is_metrics(fd):
-            sizes.append(bytes(data))
+            writes.append(bytes(data))
         return real(fd, data)
 
     monkeypatch.setattr(metrics_module.os, "write", write)
     assert train(tmp_path / "run") == 0
-    lines = (tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-    assert sizes == lines  # every line one write, whole
+    data = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    assert b"".join(writes) == data and all(w.endswith(b"\n") for w in writes)  # no write ends mid-line
+    assert len(writes) < data.count(b"\n")  # update lines go out in batches (flushed at each checkpoint)
 
 
 @pytest.fixture

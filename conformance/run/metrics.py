@@ -11,9 +11,13 @@ and every evaluation `{"event": "eval", "update", "val_loss", ...metrics}`. A re
 the file back to the records before the checkpoint it resumes from, so the continued file equals
 the uninterrupted run's.
 
-Each line is written whole: one `write` of the complete line to a file opened with O_APPEND, so a
-kill leaves whole lines (at worst an unfinished last one, which read_metrics skips and a resume cuts
-away); `sync()` (at every checkpoint) fsyncs the file. A metrics.jsonl that is a directory, a FIFO
+Lines are written whole: update lines are encoded and written in batches (one `write` of complete
+lines to a file opened with O_APPEND) at least every FLUSH_SECONDS, and always before an eval line,
+at every checkpoint (`sync()`, which also fsyncs the file) and at `close()` (also when a run fails
+or is preempted). A kill leaves whole lines, at worst without the last second's updates (which a
+resume rewrites: it continues from a checkpoint, where the file was synced) or with an unfinished
+last line (which read_metrics skips and a resume cuts away). Batching keeps the per-update cost at
+a list append: encoding one line between two updates costs several times what it costs in a batch. A metrics.jsonl that is a directory, a FIFO
 or a link, and any OSError while writing (a full disk), is one PathError line naming the file.
 """
 
@@ -32,6 +36,8 @@ from conformance.errors import PathError, TwinstepError
 from conformance.files import check_entry, path_error, read_regular, write_text_atomic
 
 MAX_METRICS_BYTES = 1 << 32  # 4 GiB: millions of updates; more is not a metrics file of ours
+FLUSH_SECONDS = 1.0  # buffered update lines reach the file at least this often
+FLUSH_LINES = 1024  # ... and whenever this many are waiting
 
 UPDATE_KEYS: tuple[str, ...] = (
     "event", "update", "epoch", "samples_seen", "loss", "lr", "grad_norm", "loss_scale", "skipped",
@@ -138,13 +144,18 @@ class MetricsLog:
                              dynamic_ncols=True, unit="upd")
         self._mode = mode
         self._tb = _TensorBoard(Path(out_dir) / "tensorboard") if tensorboard else None
+        self._pending: list[Mapping[str, Any]] = []  # update records not yet written
+        self._flushed_at = time.monotonic()
 
     def _truncate(self, before: int) -> None:
         keep = [r for r in read_metrics(self.path) if r.get("update", 0) < before]
         write_text_atomic(self.path, "".join(json.dumps(_clean(r)) + "\n" for r in keep))
 
     def _write(self, rec: Mapping[str, Any]) -> None:
-        line = (_dumps(rec) + "\n").encode("utf-8")
+        self._write_lines(_dumps(rec) + "\n")
+
+    def _write_lines(self, text: str) -> None:
+        line = text.encode("utf-8")
         if self._fd is None:
             raise PathError(f"{self.path}: the metrics log is closed")
         try:
@@ -154,8 +165,16 @@ class MetricsLog:
         except OSError as exc:
             raise path_error(self.path, exc, "write") from None
 
+    def flush(self) -> None:
+        """Write the buffered update lines now (one write of whole lines)."""
+        pending, self._pending = self._pending, []
+        self._flushed_at = time.monotonic()
+        if pending:
+            self._write_lines("".join([_dumps(r) + "\n" for r in pending]))
+
     def sync(self) -> None:
-        """Make every line written so far durable (called at every checkpoint)."""
+        """Make every line logged so far durable (called at every checkpoint)."""
+        self.flush()
         if self._fd is not None:
             try:
                 os.fsync(self._fd)
@@ -165,7 +184,11 @@ class MetricsLog:
     def log_update(self, record: Mapping[str, Any]) -> None:
         # update_record puts "event" first: no copy of the record then
         rec = record if next(iter(record), None) == "event" else {"event": "update", **record}
-        self._write(rec)
+        if self._fd is None:
+            raise PathError(f"{self.path}: the metrics log is closed")
+        self._pending.append(rec)  # written by flush(): see the module docstring
+        if len(self._pending) >= FLUSH_LINES or time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+            self.flush()
         u = int(rec["update"])
         if self._tb is not None:
             for key in ("loss", "grad_norm", "loss_scale", "samples_per_s"):
@@ -189,6 +212,7 @@ class MetricsLog:
 
     def log_eval(self, record: Mapping[str, Any]) -> None:
         rec = {"event": "eval", **record}
+        self.flush()  # the updates before it come first
         self._write(rec)
         if self._tb is not None:
             for key, value in rec.items():
@@ -206,8 +230,11 @@ class MetricsLog:
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = None
         if self._bar is not None:
             self._bar.close()
         if self._tb is not None:
