@@ -93,7 +93,7 @@ for name in ("gpt2_eager", "gpt2_compiled"):
           f"last loss {ups[-1]['loss']:.4f} ({len(ups)} updates after warm-up)")
 EOF
 step "8 trainer overhead on CUDA" 60 "$PY" bench/trainer_overhead.py --device cuda --dtype bfloat16 \
-  --models mlp,gpt --updates 100 --repeats 2 --threads 4
+  --models mlp,gpt --updates 100 --repeats 2 --processes 0 --threads 4
 step "9 optimizer step on CUDA" 45 "$PY" bench/optimizer_step.py --device cuda --skip-jax --repeats 5
 step "10 JAX trainer on the GPU" 45 "$PY" bench/gpu_jax.py --updates 20
 log ""
