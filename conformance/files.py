@@ -135,15 +135,25 @@ def check_entry(path: Path, want: str, error: type[Exception] = PathError) -> bo
     return True
 
 
+def open_exclusive(path: Path, mode: int = 0o600) -> int:
+    """A new file at `path` (it must not exist, nor be a link) opened for writing: its descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags, mode)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte of `data` (os.write may write less; at most 64 MiB per call)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[:1 << 26]):]
+
+
 def create_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Create `path` (it must not exist, nor be a link), write all of `data` and fsync it; an
     OSError is the caller's to name."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, mode)
+    fd = open_exclusive(path, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

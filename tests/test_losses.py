@@ -232,8 +232,9 @@ def test_sample_weight_multiplies_the_per_sample_loss(backend_name: str, seed: i
     np.testing.assert_allclose(mean["value"], float((s_b * per["value"]).sum()) / per["count"], rtol=1e-13)
     plain = evaluate(backend_name, spec, prediction=x, target=y)
     ones = evaluate(backend_name, spec, prediction=x, target=y, sample_weight=np.ones(6))
-    # torch sums unweighted class losses inside nll_loss (one kernel, its own summation order): equal
-    # to float64 rounding there, bit for bit elsewhere
+    # torch sums the class losses inside nll_loss (one kernel, its own summation order): the 6 positive
+    # float64 terms summed in another order differ by at most 5 ulp-scale roundings (5 * 2**-53 relative,
+    # 5.6e-16) and the mean adds one more; counts and gradients are order-free. Bit for bit elsewhere.
     for k in ("value", "grad", "sum", "count"):
         np.testing.assert_allclose(ones[k], plain[k], rtol=1e-15 if backend_name == "torch" else 0, atol=0)
 

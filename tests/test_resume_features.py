@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.faults import fault_args
-from support.resume import differences, forgotten
+from support.resume import cut_after, differences, forgotten
 from support.tamper import edit_state, edit_tensors, rehash_manifest
 
 from conformance import checkpoint as ck
@@ -124,15 +124,6 @@ def test_plateau_and_ema_killed_inside_an_update_resume_bit_exact(plateau_runs: 
     assert differences(plateau_runs[framework], out, UPDATES) == []
 
 
-def _cut(run: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "cut"
-    shutil.copytree(run, out)
-    for update, path in ck.list_checkpoints(out / "checkpoints"):
-        if update > CUT:
-            shutil.rmtree(path)
-    return out
-
-
 def plant_forgetting(monkeypatch: pytest.MonkeyPatch, piece: str) -> list[int]:
     """The resume forgets `piece` after its checkpoint verified (support/resume.py `forgotten`)."""
     calls: list[int] = []
@@ -151,7 +142,7 @@ def plant_forgetting(monkeypatch: pytest.MonkeyPatch, piece: str) -> list[int]:
 def test_a_resume_that_forgets_the_plateau_or_the_ema_is_caught(plateau_runs: dict, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch, framework: str,
                                                                 piece: str) -> None:
-    out = _cut(plateau_runs[framework], tmp_path)
+    out = cut_after(plateau_runs[framework], tmp_path / "cut", CUT)
     calls = plant_forgetting(monkeypatch, piece) if piece != "none" else [1]
     train(framework, PLATEAU_EMA, out, resume=True)
     assert calls, "the planted bug was never reached"

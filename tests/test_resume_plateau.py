@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.faults import fault_args
-from support.resume import differences
+from support.resume import cut_after, differences
 
 from conformance import checkpoint as ck
 from conformance.config import load_config
@@ -118,15 +117,6 @@ def test_killed_inside_an_update_resumes_bit_exact(runs: dict[str, Path], tmp_pa
     assert _plateau_meta(out, UPDATES) == _plateau_meta(runs[name], UPDATES)
 
 
-def _cut(run: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "cut"
-    shutil.copytree(run, out)
-    for update, path in ck.list_checkpoints(out / "checkpoints"):
-        if update > CUT:
-            shutil.rmtree(path)
-    return out
-
-
 def _resume(config: Path, name: str, out: Path, resume: bool = True) -> None:
     train = importlib.import_module(f"ref_{name}.trainer").train
     train(load_config(config), out, resume=resume, progress="none")
@@ -135,7 +125,7 @@ def _resume(config: Path, name: str, out: Path, resume: bool = True) -> None:
 @pytest.mark.parametrize(("saved", "resumed"), [("torch", "jax"), ("jax", "torch")])
 def test_the_other_trainers_checkpoint_resumes_the_plateau(runs: dict[str, Path], tmp_path: Path, saved: str,
                                                            resumed: str) -> None:
-    out = _cut(runs[saved], tmp_path)
+    out = cut_after(runs[saved], tmp_path / "cut", CUT)
     _resume(runs["config"], resumed, out)
     assert _lrs(out) == _lrs(runs[saved])
     a, b = _plateau_meta(out, UPDATES)["plateau"], _plateau_meta(runs[saved], UPDATES)["plateau"]
@@ -145,7 +135,7 @@ def test_the_other_trainers_checkpoint_resumes_the_plateau(runs: dict[str, Path]
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_a_resume_that_forgets_the_plateau_is_caught(runs: dict[str, Path], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    out = _cut(runs[name], tmp_path)
+    out = cut_after(runs[name], tmp_path / "cut", CUT)
     real_load, calls = ck.load_checkpoint, []
 
     def forgetting(path: Path, **kwargs: Any) -> ck.Checkpoint:  # the plateau back at its start: lr 0.3, best +inf
@@ -165,7 +155,7 @@ def test_a_resume_that_forgets_the_plateau_is_caught(runs: dict[str, Path], tmp_
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_a_checkpoint_without_the_plateau_is_refused(runs: dict[str, Path], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    out = _cut(runs[name], tmp_path)
+    out = cut_after(runs[name], tmp_path / "cut", CUT)
     real_load = ck.load_checkpoint
 
     def without(path: Path, **kwargs: Any) -> ck.Checkpoint:

@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from conformance.errors import (
     CheckpointError,
     CheckpointRejected,
 )
-from conformance.files import fsync_dir, open_regular, read_fd
+from conformance.files import fsync_dir, open_exclusive, open_regular, read_fd, write_all
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -49,22 +50,29 @@ def sha256_hex(data: bytes | memoryview) -> str:
 
 def write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
     """Create directory/name (it must not exist), write, fsync; return {"size", "sha256"}."""
-    path = directory / name
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return _write_parts(directory / name, [data])
+
+
+def _write_parts(path: Path, parts: Iterable[bytes | memoryview]) -> dict[str, Any]:
+    # create (exclusively), write the parts in order, fsync; {"size", "sha256"} of what was written
     try:
-        fd = os.open(path, flags, FILE_MODE)
+        fd = open_exclusive(path, FILE_MODE)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot create ({exc.strerror})") from None
+    digest = hashlib.sha256()
+    size = 0
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for part in parts:
+            view = memoryview(part)
+            digest.update(view)
+            size += len(view)
+            write_all(fd, view)
         os.fsync(fd)
     except OSError as exc:
         raise CheckpointError(f"{path}: write failed ({exc.strerror})") from None
     finally:
         os.close(fd)
-    return {"size": len(data), "sha256": sha256_hex(data)}
+    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def check_stat(st: os.stat_result, path: Path, kind: str) -> None:
@@ -147,27 +155,8 @@ def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray], wh
         offset += arr.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # the data starts 8-aligned, as safetensors writes it
-    path = directory / name
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, FILE_MODE)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot create ({exc.strerror})") from None
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        for part in [len(text).to_bytes(8, "little"), text] + [a.reshape(-1).view(np.uint8) for a in arrays.values()]:
-            view = memoryview(part)
-            digest.update(view)
-            size += len(view)
-            while view:
-                view = view[os.write(fd, view[:1 << 26]):]
-        os.fsync(fd)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: write failed ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    return {"size": size, "sha256": digest.hexdigest()}
+    parts = [len(text).to_bytes(8, "little"), text] + [a.reshape(-1).view(np.uint8) for a in arrays.values()]
+    return _write_parts(directory / name, parts)
 
 
 def decode_tensors(data: bytes, path: Path) -> dict[str, np.ndarray]:

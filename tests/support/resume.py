@@ -1,9 +1,11 @@
-"""What the exact-resume tests share (tests/test_resume_kill.py, tests/test_data_parallel.py): the
-run's config and the bit-for-bit comparison of two runs."""
+"""What the exact-resume tests share (tests/test_resume_kill.py, tests/test_data_parallel.py,
+tests/test_resume_features.py, tests/test_resume_plateau.py): the run's config, a copy of a run cut
+back to a checkpoint, and the bit-for-bit comparison of two runs."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -19,6 +21,15 @@ from conformance.run.metrics import read_metrics
 
 VOLATILE = ("data_time_s", "compute_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu")
 WORDS = ["alpha", "beta", "gamma", "delta", "train", "resume", "exact", "twin", "step", "kill"]
+
+
+def cut_after(run: Path, out: Path, update: int) -> Path:
+    """A copy of `run` at `out` without the checkpoints after `update` (to resume from that one)."""
+    shutil.copytree(run, out)
+    for done, path in ck.list_checkpoints(out / "checkpoints"):
+        if done > update:
+            shutil.rmtree(path)
+    return out
 
 
 def write_config(tmp: Path, updates: int) -> Path:
