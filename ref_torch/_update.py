@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from conformance.config.accumulation import AccumulationSpec
-from conformance.config.clip import TORCH_EPS, ClipSpec
+from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
 from ref_torch.accumulation import accumulate_gradients
 from ref_torch.clipping import _scale_by_norm, check_norm, clip_gradients, total_norm
@@ -143,18 +143,12 @@ def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float
         present = [g for g in grads.values() if g is not None]
         if present:
             local = torch.stack([torch.nn.utils.get_total_norm([g], spec.norm_type) for g in present])
-            with torch.no_grad():
-                for g, n in zip(present, reduce_norm(local, spec.norm_type)):
-                    _scale_by_norm([g], n, spec)
+            for g, n in zip(present, reduce_norm(local, spec.norm_type)):
+                _scale_by_norm([g], n, spec)
         return
     if mode == "global_norm":
         if spec.error_if_nonfinite and not math.isfinite(norm_value):
             check_norm(spec, norm, grads)
-        present = [g for g in grads.values() if g is not None]
-        if spec.eps == TORCH_EPS:  # torch's clip_grads_with_norm_, which runs under no_grad itself
-            _scale_by_norm(present, norm, spec)
-            return
-        with torch.no_grad():
-            _scale_by_norm(present, norm, spec)
+        _scale_by_norm([g for g in grads.values() if g is not None], norm, spec)
         return
     clip_gradients(spec, grads)

@@ -36,9 +36,7 @@ def _present(grads: Mapping[str, Any]) -> dict[str, Any]:
 
 def total_norm(grads: Any, norm_type: float = 2.0) -> Any:
     """The norm of order `norm_type` of all gradients as one vector (norms of per-parameter norms)."""
-    if type(grads) is not dict and not isinstance(grads, Mapping):
-        _present(grads)  # raises the error
-    tensors = [g for g in grads.values() if g is not None]
+    tensors = list(_present(grads).values())
     return torch.nn.utils.get_total_norm(tensors, norm_type, error_if_nonfinite=False)
 
 
@@ -55,18 +53,21 @@ def check_norm(spec: ClipSpec, norm: Any, grads: Any) -> None:
 
 
 def _scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
+    # in place, outside autograd (torch's clip_grads_with_norm_ runs under no_grad itself)
     if spec.eps == TORCH_EPS:
         torch.nn.utils.clip_grads_with_norm_(list(map(_GradRef, grads)), spec.max_norm, norm)
-    elif spec.eps == 0:
-        # optax's select: untouched below the threshold, (g / n) * c at or above it, where XLA
-        # computes g / n as g * (1 / n); the same operations keep torch bit-for-bit equal to optax
-        keep = norm < spec.max_norm
-        inv = 1.0 / norm
-        for g in grads:
-            g.copy_(torch.where(keep, g, g * inv * spec.max_norm))
-    else:
-        coef = torch.clamp(spec.max_norm / (norm + spec.eps), max=1.0)
-        torch._foreach_mul_(grads, coef)
+        return
+    with torch.no_grad():
+        if spec.eps == 0:
+            # optax's select: untouched below the threshold, (g / n) * c at or above it, where XLA
+            # computes g / n as g * (1 / n); the same operations keep torch bit-for-bit equal to optax
+            keep = norm < spec.max_norm
+            inv = 1.0 / norm
+            for g in grads:
+                g.copy_(torch.where(keep, g, g * inv * spec.max_norm))
+        else:
+            coef = torch.clamp(spec.max_norm / (norm + spec.eps), max=1.0)
+            torch._foreach_mul_(grads, coef)
 
 
 @torch.no_grad()

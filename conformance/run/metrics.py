@@ -17,8 +17,9 @@ at every checkpoint (`sync()`, which also fsyncs the file) and at `close()` (als
 or is preempted). A kill leaves whole lines, at worst without the last second's updates (which a
 resume rewrites: it continues from a checkpoint, where the file was synced) or with an unfinished
 last line (which read_metrics skips and a resume cuts away). Batching keeps the per-update cost at
-a list append: encoding one line between two updates costs several times what it costs in a batch. A metrics.jsonl that is a directory, a FIFO
-or a link, and any OSError while writing (a full disk), is one PathError line naming the file.
+a list append: encoding one line between two updates costs several times what it costs in a batch.
+A metrics.jsonl that is a directory, a FIFO or a link, and any OSError while writing (a full disk),
+is one PathError line naming the file.
 """
 
 from __future__ import annotations
