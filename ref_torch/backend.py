@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from conformance import heap
 from conformance.errors import UnsupportedError
 
-__all__ = ["NAME", "context", "describe", "framework_dtype", "to_numpy"]
+__all__ = ["NAME", "context", "describe", "framework_dtype", "release", "to_numpy"]
 
 NAME = "torch"
 
@@ -57,6 +58,12 @@ def context() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = matmul
         torch.backends.cudnn.allow_tf32 = cudnn
         torch.set_float32_matmul_precision(precision)
+
+
+def release() -> None:
+    """Drop what is kept between conformance cases (compiled programs) and give the freed memory
+    back to the operating system: a run compiles over a thousand small programs."""
+    heap.trim()  # eager torch compiles nothing; the C heap keeps the pages of freed tensors
 
 
 def describe() -> dict[str, Any]:

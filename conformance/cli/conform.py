@@ -11,6 +11,7 @@ cannot be imported, a missing case directory).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from conformance.harness.report import (
     print_summary,
     write_atomic,
 )
-from conformance.harness.runner import broken_results, run_cases, summarize
+from conformance.harness.runner import broken_results, summarize
+from conformance.harness.workers import run_parallel
 
 
 def add_parser(sub: Any) -> None:
@@ -46,9 +48,30 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", metavar="PATH", help="also write a Markdown case × backend matrix")
     p.add_argument("--ledger", metavar="PATH",
                    help="the divergence ledger the report cites (default: docs/divergences.md when present)")
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="worker processes (default: the CPUs this process may use; 1: every case in this "
+                        "process, in order); results and their order are the same for every N")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case × backend row")
     p.add_argument("--failures", action="store_true", help="print only the failed rows and the total line")
     p.set_defaults(run=run)
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes >= 1, received {text!r}")
+    return n
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def list_backends() -> int:
@@ -69,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     if not cases and not broken:
         print("twinstep: no cases matched", file=sys.stderr)
         return 1
-    results = broken_results(broken) + run_cases(cases, backends)
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    results = broken_results(broken) + run_parallel(cases, backends, jobs)
     shown = results if args.verbose else [r for r in results if r.status == "failed"]
     print_rows(shown, sys.stdout)
     print_summary(results, sys.stdout, table=not args.failures)

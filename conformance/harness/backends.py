@@ -105,6 +105,16 @@ class Backend:
             return {}
         return dict(fn()) if fn is not None else {}
 
+    def release(self) -> None:
+        """Drop what the backend keeps between cases (`backend.release()`, e.g. JAX's compiled
+        programs); nothing without one. The harness calls it every RELEASE_EVERY cases."""
+        try:
+            fn = getattr(self.module("backend"), "release", None)
+        except MissingFunction:
+            return
+        if fn is not None:
+            fn()
+
     def context(self) -> contextlib.AbstractContextManager:
         """The backend's numerics context (`backend.context()`, e.g. JAX's 64-bit mode) for a case."""
         try:

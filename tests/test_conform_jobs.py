@@ -1,0 +1,99 @@
+"""`twinstep conform --jobs N` (issue 28, item 3) and releasing compiled programs between cases
+(item 2): the fast paths give the straightforward path's report, row for row and bit for bit; a
+worker that dies is one failed row naming the case it was running, and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+from conformance.harness import runner
+from conformance.harness.backends import Backend
+from conformance.harness.case import load_cases
+from conformance.harness.workers import run_parallel
+
+HUBER = {c.id for c in load_cases(only=["loss/*"]) if c.sections["loss"].name == "huber"}
+ABORTS_ON_HUBER = ("import os\n"
+                   "from ref_torch.losses import loss_value_and_grad as _real\n"
+                   "def loss_value_and_grad(spec, *args, **kwargs):\n"
+                   "    if spec.name == 'huber':\n"
+                   "        os.abort()  # a crash no Python handler sees: the process is gone\n"
+                   "    return _real(spec, *args, **kwargs)\n")
+
+
+def report(tmp_path: Path, name: str, *args: str) -> tuple[int, list[dict]]:
+    out = tmp_path / f"{name}.json"
+    rc = main(["conform", *args, "--json", str(out)])
+    return rc, json.loads(out.read_text())["results"]
+
+
+def test_jobs_2_reports_what_jobs_1_reports_in_the_same_order(tmp_path: Path) -> None:
+    args = ("--backend", "torch", "--backend", "oracle", "--only", "schedule/*", "--only", "clip/*")
+    rc1, one = report(tmp_path, "one", *args, "--jobs", "1")
+    rc2, two = report(tmp_path, "two", *args, "--jobs", "2")
+    assert rc1 == rc2 == 0
+    assert len(one) > 2 * 16 * 2  # enough rows for two units per backend
+    assert two == one
+
+
+def test_results_land_in_their_own_slots_whatever_the_unit_order() -> None:
+    # eight units, four workers at a time, finishing in whatever order the machine makes: the rows
+    # must still come back in the serial order (the first test alone would pass a merge in unit order)
+    cases = load_cases(only=["schedule/*"])
+    backends = [Backend("oracle"), Backend("torch")]
+    serial = runner.run_cases(cases, backends)
+    parallel = run_parallel(cases, backends, jobs=4)
+    assert [(r.case, r.backend) for r in parallel] == [(r.case, r.backend) for r in serial]
+    assert [r.to_json() for r in parallel] == [r.to_json() for r in serial]
+
+
+def test_a_dying_worker_is_one_failed_row_per_case_it_died_on(tmp_path: Path, monkeypatch) -> None:
+    pkg = tmp_path / "acme_abort"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "losses.py").write_text(ABORTS_ON_HUBER)
+    (pkg / "backend.py").write_text("from ref_torch.backend import context  # noqa: F401\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        rc, rows = report(tmp_path, "abort", "--backend", "acme_abort", "--only", "loss/*", "--jobs", "2")
+    finally:
+        for name in [m for m in sys.modules if m.startswith("acme_abort")]:
+            del sys.modules[name]
+    assert rc == 1 and len(HUBER) >= 2
+    failed = {r["case"]: r["message"] for r in rows if r["status"] == "failed"}
+    assert set(failed) == HUBER
+    for case, message in failed.items():
+        assert message == (f"backend acme_abort crashed on case {case}: its worker process died "
+                           f"(signal SIGABRT)")
+    assert len(rows) == len(load_cases(only=["loss/*"]))  # every other case ran and passed
+    assert all(r["status"] == "passed" for r in rows if r["case"] not in HUBER)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_jobs_must_be_a_whole_number_of_processes(value: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["conform", "--jobs", value])
+    assert exc.value.code == 2
+    assert f"expected a whole number of processes >= 1, received {value!r}" in capsys.readouterr().err
+
+
+def test_releasing_jax_programs_after_every_case_changes_no_result(monkeypatch) -> None:
+    cases = load_cases(only=["clip/*"])[:8] + load_cases(only=["loss/seed-*"])
+    jax = [Backend("jax")]
+    kept = [r.to_json() for r in runner.run_cases(cases, jax)]
+    released = []
+    monkeypatch.setattr(Backend, "release", lambda self: released.append(self.name) or _release(self))
+    monkeypatch.setattr(runner, "RELEASE_EVERY", 1)
+    again = [r.to_json() for r in runner.run_cases(cases, jax)]
+    assert len(released) == len(cases)  # the negative control: the release really ran each time
+    assert again == kept
+
+
+def _release(backend: Backend) -> None:
+    from ref_jax.backend import release
+
+    release()
