@@ -21,12 +21,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.faults import fault_args
+from support.processes import wait_until
 from support.resume import differences
 from support.trainers import FRAMEWORKS, gpt_dropout
 
@@ -133,11 +133,9 @@ def test_the_cli_prints_where_it_saved_and_exits_128_plus_signal(references: dic
     cmd = [sys.executable, "-m", "conformance", "train", str(path), "--backend", framework, "--out", str(out),
            "--progress", "none"]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 3:
-            break
-        time.sleep(0.05)
+    metrics = out / "metrics.jsonl"
+    wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 3,
+               f"write 3 lines to {metrics}", poll=0.05)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=300)
     lines = err.strip().splitlines()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import wait_until
 from support.resume import differences
 from support.tamper import edit_state, write
 
@@ -230,13 +231,14 @@ def _config(tmp: Path) -> Path:
 def _training(out: Path, since: float, proc: subprocess.Popen) -> None:
     """Wait until this process has written a metrics line (training is under way) or has ended."""
     path = out / "metrics.jsonl"
-    while proc.poll() is None:
+
+    def written() -> bool:
         try:
-            if path.stat().st_mtime > since and path.stat().st_size > 0:
-                return
+            return path.stat().st_mtime > since and path.stat().st_size > 0
         except FileNotFoundError:
-            pass
-        time.sleep(0.01)
+            return False
+
+    wait_until(proc, written, f"write a line to {path}")
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from support.faults import fault_args
+from support.processes import wait_until
 from support.resume import differences, forgotten, write_config
 
 from conformance import checkpoint as ck
@@ -130,10 +131,7 @@ def finish(ref: Reference, out: Path) -> None:
 
 def _wait_for_training(proc: subprocess.Popen, out: Path) -> float:
     metrics = out / "metrics.jsonl"
-    while proc.poll() is None:
-        if metrics.exists() and metrics.stat().st_size > 0:
-            break
-        time.sleep(0.01)
+    wait_until(proc, lambda: metrics.exists() and metrics.stat().st_size > 0, f"write a line to {metrics}")
     return time.monotonic()
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.processes import wait_until
 from support.resume import differences
 from support.user_models import blobs, config, model
 
@@ -87,8 +88,7 @@ def references(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
         if framework not in made:
             out = tmp_path_factory.mktemp(f"user-{framework}") / "reference"
             proc = start(framework, out, cache, False, None, "--set", "checkpoint.keep_last=100")
-            while proc.poll() is None and not (out / "metrics.jsonl").exists():
-                time.sleep(0.01)
+            wait_until(proc, (out / "metrics.jsonl").exists, f"create {out / 'metrics.jsonl'}")
             began = time.monotonic()
             _, err = proc.communicate(timeout=TIMEOUT)
             assert proc.returncode == 0, err.decode()[-2000:]
@@ -103,8 +103,7 @@ def test_random_sigkill_then_resume_is_bit_exact(framework: str, references: Any
     ref, duration = references(framework)
     out = tmp_path / "run"
     proc = start(framework, out, cache, False)
-    while proc.poll() is None and not (out / "metrics.jsonl").exists():
-        time.sleep(0.01)
+    wait_until(proc, (out / "metrics.jsonl").exists, f"create {out / 'metrics.jsonl'}")
     time.sleep(random.Random(framework).uniform(0.2, 0.9) * duration)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
