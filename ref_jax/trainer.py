@@ -86,22 +86,16 @@ import numpy as np
 
 from conformance.config import Config, load_config
 from conformance.config.optimizer import SCHEDULE_FREE
-from conformance.errors import ConfigError, TwinstepError
+from conformance.errors import ConfigError
 from conformance.events import Events, notify
 from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
+from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation
 from conformance.run.objects import given_dataset, resolve_config
-from conformance.run.records import (
-    EvalTotals,
-    add_eval,
-    checkpoint_due,
-    eval_due,
-    eval_record,
-    update_record,
-)
-from conformance.run.session import Run, TrainResult, open_run
+from conformance.run.records import EvalTotals, add_eval, eval_due, eval_record, update_record
+from conformance.run.session import Run, TrainResult
 from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
 from ref_jax._parallel import exchange, init_processes, placement, shutdown
@@ -136,36 +130,15 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     created = init_processes(rank_, world, config.run.device)  # torchrun: one JAX process per rank, one mesh over all
     try:
         with numerics_context(config.precision):
-            run = _open(config, out_dir, resume, rank_, world, progress or config.run.progress, events, dataset,
-                        loss_fn is None)
+            run = open_on_every_rank(lambda ok: _all(ok, world), config, out_dir, "jax", resume=resume, rank=rank_,
+                                     world_size=world, progress=progress or config.run.progress, events=events,
+                                     dataset=dataset, check_loss=loss_fn is None)
             try:
                 return _loop(run, model, loss_fn)
             finally:
                 run.close()
     finally:
         shutdown(created)
-
-
-def _open(config: Config, out_dir: str | Path, resume: bool, rank: int, world: int, progress: str,
-          events: Events | None, dataset: Any, check_loss: bool) -> Run:
-    # Rank 0 prepares the directory (and may refuse it) before the other processes read from it.
-    def attempt() -> Run | TwinstepError:
-        try:
-            return open_run(config, out_dir, "jax", resume=resume, rank=rank, world_size=world, progress=progress,
-                            events=events, dataset=dataset, check_loss=check_loss)
-        except TwinstepError as exc:
-            return exc
-
-    run = attempt() if rank == 0 else None
-    for turn in (0, 1):
-        if turn == 1 and rank != 0:
-            run = attempt()
-        if not _all(not isinstance(run, TwinstepError), world):
-            if isinstance(run, Run):
-                run.close()
-            raise run if isinstance(run, TwinstepError) else TwinstepError(
-                "rank 0 could not open the run; see its error" if turn == 0 else "another rank could not open the run")
-    return run  # type: ignore[return-value]
 
 
 def _all(ok: bool, world: int) -> bool:
@@ -194,7 +167,6 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
         if run.metrics is not None and run.metrics._mode != "none":
             run.metrics.stream.write(f"twinstep: note: {note}\n")
     losses: list[float] = []
-    last: Path | None = None
     user = loss_fn is not None
     prepared = _prepare(run, parts, place, run.start, user) if run.start < run.planned else None
     # schedule-free: the state holds x between updates, y = lerp(x, z, 1 − β) only inside one
@@ -226,25 +198,14 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
             weights = _evaluation_params(config, state, average)
             record = eval_record(t, _evaluate(run, parts, place, evaluate, weights, state.update.model_state))
             val_loss = record["val_loss"]
-            best = run.counters.best_val_loss
-            if np.isfinite(val_loss) and (best is None or val_loss < best):
-                run.counters = run.counters._replace(best_val_loss=float(val_loss))
-            if run.metrics is not None:
-                run.metrics.log_eval(record)
+            record_evaluation(run, record)
             if plateau is not None:  # observed after update t: updates t + 1, ... apply its lrs
                 plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
                 tables = place.put_replicated(ts.plateau_tables(parts, plateau))
-        due = checkpoint_due(run, t)
-        if due:
-            last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
-        agree = None if run.world_size == 1 else lambda asked: not _all(not asked, run.world_size)
-        if t + 1 < run.planned and run.stop_requested(agree):  # SIGTERM / SIGINT (any process): save after t, stop
-            if not due:
-                last = ts.save(run, place, state, key, t + 1, val_loss, plateau, average)
-            raise run.preempted(t + 1, last)
+        checkpoint_or_stop(run, t, lambda done: ts.save(run, place, state, key, done, val_loss, plateau, average))
     state = to_y(state) if free else state  # the result is the training weights (schedule-free: y)
     parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds the result
-    return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, last)
+    return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, run.last_checkpoint)
 
 
 def _peak_memory(device: Any) -> int:

@@ -80,7 +80,7 @@ from typing import Any, NamedTuple
 import torch
 
 from conformance.config import Config, load_config
-from conformance.errors import TwinstepError, UnsupportedError
+from conformance.errors import UnsupportedError
 from conformance.events import Events, notify
 from conformance.rules import plateau
 from conformance.rules.ema import ema_due
@@ -88,15 +88,10 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
+from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation
 from conformance.run.objects import given_dataset, resolve_config
-from conformance.run.records import (
-    EvalTotals,
-    checkpoint_due,
-    eval_due,
-    eval_record,
-    update_record,
-)
-from conformance.run.session import Run, TrainResult, open_run
+from conformance.run.records import EvalTotals, eval_due, eval_record, update_record
+from conformance.run.session import Run, TrainResult
 from conformance.run.throughput import throughput_extras
 from ref_torch import _fsdp, _model, _train_state
 from ref_torch import _parallel as ddp
@@ -144,30 +139,11 @@ class _Given(NamedTuple):
     loss_fn: Callable[[Any, Any], Any] | None
 
 
-def _open(config: Config, out: Path, resume: bool, rank: int, world: int, progress: str,
-          events: Events | None, given: _Given) -> Run:
-    # Rank 0 prepares the directory (and may refuse it) before the other ranks read from it.
-    def attempt() -> Run | TwinstepError:
-        try:
-            return open_run(config, out, "torch", resume=resume, rank=rank, world_size=world,
-                            progress=progress, events=events, dataset=given.dataset,
-                            check_loss=given.loss_fn is None)
-        except TwinstepError as exc:
-            return exc
-
-    run = attempt() if rank == 0 else None
-    if not ddp.agree(not isinstance(run, TwinstepError), world):
-        raise run if isinstance(run, TwinstepError) else TwinstepError("rank 0 could not open the run; see its error")
-    if rank != 0:
-        run = attempt()
-    if not ddp.agree(not isinstance(run, TwinstepError), world):
-        raise run if isinstance(run, TwinstepError) else TwinstepError("another rank could not open the run")
-    return run  # type: ignore[return-value]
-
-
 def _train(config: Config, out: Path, resume: bool, rank: int, world: int, device: torch.device,
            progress: str, events: Events | None, given: _Given) -> TrainResult:
-    run = _open(config, out, resume, rank, world, progress, events, given)
+    run = open_on_every_rank(lambda ok: ddp.agree(ok, world), config, out, "torch", resume=resume, rank=rank,
+                             world_size=world, progress=progress, events=events, dataset=given.dataset,
+                             check_loss=given.loss_fn is None)
     try:
         return _loop(config, run, device, progress, given)
     finally:
@@ -210,7 +186,6 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
     plain = _plain_loss(batch_loss)  # one process, nobody watching, nothing injected: the lean call
     losses: list[float] = []
-    last: Path | None = None
     for t in range(run.start, run.planned):
         t0 = time.perf_counter()
         window = run.data.window(t)  # the data position is the update count: a pure function of t
@@ -240,15 +215,11 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
         if observing and record is not None:
             scheduler.step(record[config.schedule.monitor])
         val_loss = None if record is None else record["val_loss"]
-        due = checkpoint_due(run, t)
-        stop = t + 1 < run.planned and run.stop_requested(lambda asked: not ddp.agree(not asked, run.world_size))
-        if due or stop:  # SIGTERM / SIGINT (on any rank): save the state after this update and stop
-            state = plateau.to_json(plateau_state(scheduler)) if observing else None
-            last = _train_state.save_checkpoint(run, t + 1, objs, device, val_loss, state)
-        if stop:
-            raise run.preempted(t + 1, last)
+        checkpoint_or_stop(run, t, lambda done: _train_state.save_checkpoint(
+            run, done, objs, device, val_loss, plateau.to_json(plateau_state(scheduler)) if observing else None))
     to_train_point(optimizer, params)  # the result is the training weights (a schedule-free optimizer's y)
-    return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir, last)
+    return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir,
+                       run.last_checkpoint)
 
 
 def _note(run: Run, text: str, progress: str) -> None:
@@ -315,12 +286,7 @@ def _evaluate_now(config: Config, run: Run, objs: Any, device: torch.device, dty
                   t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any]:
     with _evaluation_weights(config, objs):
         record = eval_record(t, _evaluate(config, run, objs.model, device, dtype, user))
-    val = record["val_loss"]
-    best = run.counters.best_val_loss
-    if math.isfinite(val) and (best is None or val < best):
-        run.counters = run.counters._replace(best_val_loss=val)
-    if run.metrics is not None:
-        run.metrics.log_eval(record)
+    record_evaluation(run, record)
     return record
 
 

@@ -105,7 +105,7 @@ def test_negative_control_a_run_that_ignores_the_signal_runs_to_the_end(referenc
                                                                        monkeypatch: pytest.MonkeyPatch,
                                                                        framework: str) -> None:
     _, cfg = references[framework]
-    monkeypatch.setattr(Run, "stop_requested", lambda self, agree=None: False)
+    monkeypatch.setattr(Run, "stop_requested", lambda self: False)
     result = train(framework, cfg, tmp_path / "run", events=signal_inside(framework, AT, signal.SIGTERM))
     assert result.updates_done == UPDATES  # what the test above would catch: no stop, no checkpoint at 4
     assert [u for u, _ in ck.list_checkpoints(tmp_path / "run" / "checkpoints")] == [UPDATES]

@@ -2,9 +2,9 @@
 
     with Preemption() as stop:                  # session.open_run installs it; Run.close removes it
         for t in ...:
-            ... one whole update, its metrics line, a due evaluation or checkpoint ...
+            ... one whole update, its metrics line, a due evaluation ...
             if stop.requested(agree):           # every rank decides alike (agree: any rank asked)
-                raise stop.stopped(t + 1, checkpoint)
+                raise stop.stopped(t + 1, checkpoint)   # after saving: conformance.run.loop.checkpoint_or_stop
 
 A cluster that preempts a job sends SIGTERM (Slurm, Kubernetes; torchrun forwards it to every
 worker), a user at a terminal SIGINT. The handler only records the signal: the update under way

@@ -6,8 +6,8 @@
         ... framework: forward/backward over the window, unscale, clip, step or skip ...
         run.counters = advance(run.counters, skipped, schedule_advanced)
         run.metrics.log_update(update_record(run, t, window, info, lrs, data_s, compute_s))
-        if eval_due(run, t): run.metrics.log_eval(eval_record(t, evaluation))
-        if checkpoint_due(run, t): save(run, t + 1, model, optimizer, rng, rng_meta, extra_meta)
+        if eval_due(run, t): record_evaluation(run, eval_record(t, evaluation))
+        checkpoint_or_stop(run, t, save)          # due, or SIGTERM / SIGINT: save (and stop)
 
 Counting (docs/contract.md §2): `t` is the update; the schedule's position is
 `counters.schedule_t` (conformance.run.counters). A checkpoint holds the state *after* `update`
@@ -15,21 +15,21 @@ updates; resuming continues at t = update (resume policy: conformance.run.resume
 
 The parts, one concept a file: `session` (this: the output directory, data, checkpoint to resume,
 metrics log), `rundir` (the lock, ownership and clean-up of the output directory), `preflight`
-(cross-field checks before training), `validate` (every field of a checkpoint before a resume),
+(cross-field checks before training), `loop` (the run's decisions: opening with every rank
+agreeing, the best validation loss, the checkpoint or stop after an update), `validate` (every
+field of a checkpoint before a resume),
 `preempt` (SIGTERM / SIGINT: save and stop), `counters`, `resume`, `records` (metrics lines,
 evaluation totals, when to evaluate and save, the checkpoint's JSON half), `batches` (window counts,
 injected overflows), `throughput` (tokens/s, MFU), `metrics` (metrics.jsonl, progress,
 TensorBoard), `compare` (`twinstep compare`). Per-rank RNG layout: conformance.checkpoint.rng.
 
 A run ends with `run.close()` (metrics closed, the directory's lock released, signal handlers
-restored), also when it fails. Preemption, in the loop after an update's checkpoint decision:
-
-        if run.stop_requested(agree):         # SIGTERM / SIGINT arrived (on any rank, with agree)
-            raise run.preempted(t + 1, saved or save(...))
+restored), also when it fails. Preemption: conformance.run.loop.checkpoint_or_stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,6 +48,10 @@ from conformance.run.preflight import check_run
 from conformance.run.resume import check_resumable, pick_checkpoint, restore_counters
 from conformance.run.rundir import RunDir, claim
 from conformance.run.validate import check_data_position
+
+
+# agree(ok) -> True when every rank's ok is True, the same answer on every rank (one process: ok)
+Agree = Callable[[bool], bool]
 
 
 class TrainResult(NamedTuple):
@@ -77,6 +81,8 @@ class Run:
     events: Events | None = None
     owner: RunDir | None = None
     preemption: Preemption = field(default_factory=Preemption)
+    agree: Agree | None = None
+    last_checkpoint: Path | None = None
 
     @property
     def start(self) -> int:
@@ -94,10 +100,13 @@ class Run:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def stop_requested(self, agree: Any = None) -> bool:
-        """Whether SIGTERM / SIGINT asked this run to stop after the current update (`agree`: a
-        function making every rank answer alike, e.g. an any-reduce over the ranks)."""
-        return self.preemption.requested(agree)
+    def stop_requested(self) -> bool:
+        """Whether SIGTERM / SIGINT asked this run to stop after the current update: here, or with
+        several ranks and `agree`, on any rank (every rank answers alike; collective)."""
+        agree = self.agree
+        if agree is None or self.world_size == 1:
+            return self.preemption.requested()
+        return self.preemption.requested(lambda asked: not agree(not asked))
 
     def preempted(self, updates_done: int, checkpoint: Path | None) -> Preempted:
         """The error that ends a preempted run after `updates_done` updates (saved to `checkpoint`;
@@ -118,14 +127,16 @@ class Run:
 
 def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = False, rank: int = 0,
              world_size: int = 1, progress: str = "auto", metrics: bool = True, events: Events | None = None,
-             dataset: Dataset | None = None, check_loss: bool = True) -> Run:
+             dataset: Dataset | None = None, check_loss: bool = True, agree: Agree | None = None) -> Run:
     """Prepare the output directory, the data, the checkpoint to resume from and the metrics log.
 
     Rank 0 claims the directory (conformance.run.rundir: lock, ownership, clean-up), writes
     DIR/config.toml and owns metrics and checkpoints; other ranks get metrics=None. Every rank
     records SIGTERM / SIGINT from here until `Run.close()` (conformance.run.preempt).
     `dataset`: data passed to train() (conformance.run.objects), else the config's; `check_loss`:
-    refuse a `[loss]` that does not fit the targets (False when a loss_fn replaces `[loss]`)."""
+    refuse a `[loss]` that does not fit the targets (False when a loss_fn replaces `[loss]`);
+    `agree`: the ranks' agreement for Run.stop_requested (conformance.run.loop.open_on_every_rank
+    opens every rank of a run with it)."""
     out = Path(out_dir)
     data = DataPipeline(config, rank, world_size, dataset)
     if check_loss:
@@ -138,6 +149,7 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
         if owner is not None:
             owner.release()
         raise
+    run.agree = agree
     run.preemption.install()
     return run
 
