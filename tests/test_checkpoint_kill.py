@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, wait_for
 import safetensors.numpy
 
 from conformance import checkpoint as ck
@@ -174,7 +175,7 @@ def test_many_random_kills(tmp_path) -> None:
 ])
 def test_crash_points_inside_a_save(tmp_path, point: str, expect: int) -> None:
     proc = start(tmp_path, "atomic", 1 << 12, fault=point, keep=1)
-    out, err = proc.communicate(timeout=120)
+    out, err = wait_for(proc, f"crash at {point}", PROCESS_S)
     assert proc.returncode == 137, f"the fault point {point} was never reached: {err}"
     assert check_atomic(tmp_path, reported=1, keep=1) == expect
     assert [u for u, _ in ck.list_checkpoints(tmp_path)] in ([expect], [2, 1])

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import PROCESS_S, run_process
 
 from conformance.cli import main
 from conformance.config import dump_config, load_config
@@ -124,13 +124,13 @@ def test_plot_is_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", base())
     for args in ([str(a), str(tmp_path / "missing")], [str(a), str(a), "--rtol", "-1"]):
-        proc = subprocess.run([sys.executable, "-m", "conformance", "compare", *args], capture_output=True,
-                              text=True, cwd=ROOT, timeout=120)
+        proc = run_process([sys.executable, "-m", "conformance", "compare", *args], "refuse the input", PROCESS_S,
+                           capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2 and proc.stderr.startswith("twinstep: error: ")
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert "missing: no such run directory" in subprocess.run(
-        [sys.executable, "-m", "conformance", "compare", str(a), str(tmp_path / "missing")],
-        capture_output=True, text=True, cwd=ROOT, timeout=120).stderr
+    assert "missing: no such run directory" in run_process(
+        [sys.executable, "-m", "conformance", "compare", str(a), str(tmp_path / "missing")], "refuse the input",
+        PROCESS_S, capture_output=True, text=True, cwd=ROOT).stderr
 
 
 # ---------------------------------------------------------------------------------------------

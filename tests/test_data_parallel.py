@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 from support.resume import differences
 
 from conformance import checkpoint as ck
@@ -45,7 +46,6 @@ from conformance.run.compare import compare_runs, describe_failure
 from conformance.run.metrics import evals, read_metrics, updates
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 600
 
 CONFIG = """
 [model]
@@ -123,7 +123,7 @@ def torchrun(config: Path, out: Path, *args: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "conformance", "train", str(config), "--backend", "torch", "--out", str(out), "--progress", "none",
            *args]
-    _check(subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT))
+    _check(run_process(cmd, "finish training", PROCESS_S, env=clean_env(), capture_output=True, text=True))
 
 
 def torch_single(config: Path, out: Path) -> None:
@@ -147,7 +147,7 @@ def jax_run(devices: int, cache: Path) -> Callable[..., None]:
             extra["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         cmd = [sys.executable, "-m", "conformance", "train", str(config), "--backend", "jax", "--out", str(out),
                "--progress", "none", *args]
-        _check(subprocess.run(cmd, env=clean_env(**extra), capture_output=True, text=True, timeout=TIMEOUT))
+        _check(run_process(cmd, "finish training", PROCESS_S, env=clean_env(**extra), capture_output=True, text=True))
 
     return run
 
@@ -332,7 +332,7 @@ def leftover_threads(tmp_path: Path, parallel: str, disable: bool) -> list[str]:
     e = clean_env(**({"PROBE_DISABLE_RELEASE": "1"} if disable else {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
            str(config), str(tmp_path / "out"), f'run.parallel="{parallel}"']
-    proc = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=TIMEOUT)
+    proc = run_process(cmd, "finish the probe", PROCESS_S, env=e, capture_output=True, text=True)
     if not disable:  # a finished run exits cleanly; a kept-alive group may abort at exit (SIGABRT)
         _check(proc)
     files = [tmp_path / f"out-threads-{rank}.txt" for rank in (0, 1)]
@@ -382,7 +382,7 @@ print(place.count, x.shape, sorted({s.data.shape for s in shards}), len({s.devic
 
 def test_jax_batch_is_split_over_the_devices() -> None:
     e = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc = subprocess.run([sys.executable, "-c", SHARDING_PROBE], env=e, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    proc = run_process([sys.executable, "-c", SHARDING_PROBE], "print the sharding", PROCESS_S, env=e,
+                       capture_output=True, text=True, cwd=ROOT)
     _check(proc)
     assert proc.stdout.split("\n")[0] == "2 (3, 32, 20) [(3, 16, 20)] 2 True"

@@ -7,11 +7,11 @@ decisions and loss scales must equal twinstep's torch backend at every update (f
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 import torch
 
 from conformance.config import Config, load_config
@@ -241,7 +241,8 @@ print("ok", losses[-1])
 '''
     path = tmp_path / "snippet.py"
     path.write_text(script)
-    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = run_process([sys.executable, str(path)], "run the snippet", PROCESS_S, capture_output=True, text=True,
+                      cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr
 
 

@@ -5,7 +5,6 @@ every update at the float64 tolerance (1e-12 abs, 1e-10 rel)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -24,6 +23,7 @@ from support.port import (
     optimizer,
     parameters,
 )
+from support.processes import PROCESS_S, run_process
 from torch.optim import lr_scheduler as sched
 
 from conformance.errors import ConfigError, UnsupportedError
@@ -243,4 +243,4 @@ def test_conformance_port_imports_neither_torch_nor_jax() -> None:
     code = ("import sys, conformance.port, conformance.port.verify.traces, conformance.port.write.torch_code, "
             "conformance.port.write.optax_code, conformance.port.read.weights, conformance.cli.port; "
             "bad = [m for m in ('torch', 'jax', 'optax', 'flax') if m in sys.modules]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    run_process([sys.executable, "-c", code], "import conformance.port", PROCESS_S, check=True)

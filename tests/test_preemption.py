@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from support.faults import fault_args
-from support.processes import wait_until
+from support.processes import PROCESS_S, run_process, wait_for, wait_until
 from support.resume import differences
 from support.trainers import FRAMEWORKS, gpt_dropout
 
@@ -137,7 +137,7 @@ def test_the_cli_prints_where_it_saved_and_exits_128_plus_signal(references: dic
     wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 3,
                f"write 3 lines to {metrics}", poll=0.05)
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=300)
+    _, err = wait_for(proc, f"stop after {signal.Signals(signum).name}", PROCESS_S)
     lines = err.strip().splitlines()
     assert proc.returncode == 128 + signum, err
     assert len(lines) == 1 and lines[0].startswith(f"twinstep: stopped by {signal.Signals(signum).name} after update ")
@@ -151,7 +151,7 @@ def test_the_cli_prints_where_it_saved_and_exits_128_plus_signal(references: dic
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=600)
+    return run_process(cmd, "end", PROCESS_S, env=env(), capture_output=True, text=True)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import wait_until
+from support.processes import PROCESS_S, wait_for, wait_until
 from support.resume import differences
 from support.tamper import edit_state, write
 
@@ -204,7 +204,10 @@ def test_two_runs_into_one_out_one_runs_the_other_is_refused(tmp_path: Path, bac
     first = subprocess.Popen(cmd, env=env(), stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)
     second = subprocess.Popen(cmd, env=env(), stderr=subprocess.PIPE, text=True)
-    results = {p.pid: (p.wait(timeout=900), p.stderr.read()) for p in (first, second)}
+    results = {}
+    for p in (first, second):
+        _, err = wait_for(p, "finish or be refused", PROCESS_S)
+        results[p.pid] = (p.returncode, err)
     codes = sorted(code for code, _ in results.values())
     assert codes == [0, 2], results
     (winner,) = [pid for pid, (code, _) in results.items() if code == 0]
@@ -250,7 +253,8 @@ def test_random_sigkill_and_sigterm_then_resume_is_bit_exact(tmp_path: Path, bac
     proc = subprocess.Popen([*cmd, "--out", str(ref)], env=env(), stderr=subprocess.PIPE, text=True)
     _training(ref, 0.0, proc)
     began = time.time()
-    assert proc.wait(timeout=900) == 0
+    wait_for(proc, "finish the reference run", PROCESS_S)
+    assert proc.returncode == 0
     duration = max((ref / "metrics.jsonl").stat().st_mtime - began, 0.05)  # the first to the last metrics line
     preempted = 0
     for trial in range(5):
@@ -269,8 +273,8 @@ def test_random_sigkill_and_sigterm_then_resume_is_bit_exact(tmp_path: Path, bac
             sent = proc.poll() is None and attempt < 4
             if sent:
                 proc.send_signal(sig)
-            code = proc.wait(timeout=600)
-            err = proc.stderr.read()
+            _, err = wait_for(proc, "end", PROCESS_S)
+            code = proc.returncode
             history.append((sig.name if sent else "-", round(delay, 2), code, err[-300:]))
             # SIGTERM after the run's handler is removed (at exit) ends it as the default action does
             assert clean(err) and code in (0, -signal.SIGKILL, -signal.SIGTERM, 143), history

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.processes import PROCESS_S, run_process
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "conformance" / "cases"
 
@@ -17,8 +19,9 @@ CASES = ROOT / "conformance" / "cases"
 def pytest_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-p", "no:cacheprovider",
-                           "-rA", "-v", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_process([sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-p", "no:cacheprovider",
+                        "-rA", "-v", *args], "finish the pytest run", PROCESS_S, cwd=cwd, env=env, capture_output=True,
+                       text=True)
 
 
 def test_the_plugin_found_by_its_entry_point_runs_each_case_as_a_test(tmp_path) -> None:

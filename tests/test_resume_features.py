@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.faults import fault_args
+from support.processes import PROCESS_S, run_process
 from support.resume import cut_after, differences, forgotten
 from support.tamper import edit_state, edit_tensors, rehash_manifest
 
@@ -117,7 +117,7 @@ def test_plateau_and_ema_killed_inside_an_update_resume_bit_exact(plateau_runs: 
     name, point = INSIDE[framework]
     cmd = [*fault_args(name, **point), "train", str(plateau_runs["config"]), "--backend", framework, "--out",
            str(out), "--progress", "none"]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    done = run_process(cmd, "die inside update 16", PROCESS_S, env=_env(), capture_output=True, text=True)
     assert done.returncode == 137, done.stderr[-2000:]  # killed as SIGKILL would, inside update 16
     assert [u for u, _ in ck.list_checkpoints(out / "checkpoints")][0] == 15
     train(framework, PLATEAU_EMA, out, resume=True)

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from support.faults import fault_args
-from support.processes import wait_until
+from support.processes import PROCESS_S, wait_for, wait_until
 from support.resume import differences, forgotten, write_config
 
 from conformance import checkpoint as ck
@@ -51,7 +51,6 @@ from conformance.data.pipeline import DataPipeline
 ROOT = Path(__file__).resolve().parents[1]
 UPDATES = 40
 CUT = 20  # the in-process resumes start from the checkpoint after this many updates
-TIMEOUT = 600
 
 
 class Side(NamedTuple):
@@ -124,7 +123,7 @@ def start(ref: Reference | tuple[Side, Path, Path], out: Path, resume: bool, *ex
 
 def finish(ref: Reference, out: Path) -> None:
     proc = start(ref, out, resume=True)
-    _, err = proc.communicate(timeout=TIMEOUT)
+    _, err = wait_for(proc, "finish the resumed run", PROCESS_S)
     if proc.returncode != 0:
         pytest.fail(f"resume failed with exit {proc.returncode}: {err.decode()[-2000:]}")
 
@@ -150,7 +149,7 @@ def references(xla_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Cal
             out = tmp / "reference"
             proc = start((side, config, xla_cache), out, False, "--set", "checkpoint.keep_last=100")
             began = _wait_for_training(proc, out)
-            _, err = proc.communicate(timeout=TIMEOUT)
+            _, err = wait_for(proc, "finish the reference run", PROCESS_S)
             assert proc.returncode == 0, err.decode()[-2000:]
             made[name] = Reference(side, config, out, time.monotonic() - began, xla_cache)
         return made[name]
@@ -181,7 +180,7 @@ def kill_trial(ref: Reference, out: Path, seed: int) -> list[str]:
         time.sleep(rng.uniform(0.0, ref.duration * (1.0 if not resume else 1.5)))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=TIMEOUT)
+        wait_for(proc, "end", PROCESS_S)
         resume = True
     finish(ref, out)
     return differences(ref.out, out, UPDATES)
@@ -223,7 +222,7 @@ def more_faults(s: Side) -> list[tuple[str, tuple]]:
 
 def fault_trial(ref: Reference, out: Path, name: str, point: dict[str, Any]) -> list[str]:
     proc = start(ref, out, resume=False, fault=(name, point))
-    proc.communicate(timeout=TIMEOUT)
+    wait_for(proc, f"die at {name} {point}", PROCESS_S)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(ref, out)
     return differences(ref.out, out, UPDATES)

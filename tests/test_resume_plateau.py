@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.faults import fault_args
+from support.processes import PROCESS_S, run_process
 from support.resume import cut_after, differences
 
 from conformance import checkpoint as ck
@@ -70,7 +70,7 @@ def _env() -> dict[str, str]:
 def _train(config: Path, backend: str, out: Path, fault: tuple) -> int:
     cmd = [*fault_args(fault[0], **fault[1]), "train", str(config), "--backend", backend, "--out", str(out),
            "--progress", "none"]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    done = run_process(cmd, "die inside update 15", PROCESS_S, env=_env(), capture_output=True, text=True)
     assert done.returncode in (0, 137), done.stderr[-2000:]
     return done.returncode
 

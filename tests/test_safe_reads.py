@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 
 from conformance import checkpoint as ck
 from conformance.errors import CheckpointCorruptError, CheckpointRejected
@@ -77,12 +77,12 @@ def test_resume_with_a_fifo_checkpoint_file_exits_2_without_hanging(tmp_path: Pa
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "conformance", "train", "--out", str(out), "--set", "run.max_updates=2",
            "--progress", "none"]
-    assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0
+    assert run_process(cmd, "train 2 updates", PROCESS_S, env=env, capture_output=True).returncode == 0
     step = out / "checkpoints" / ck.step_name(2)
     for name in ("rng.safetensors", ck.MANIFEST):
         (step / name).unlink()
         os.mkfifo(step / name, 0o600)
-    proc = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=120)
+    proc = run_process([*cmd, "--resume"], "refuse the FIFO", PROCESS_S, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("twinstep: error: ") and "is a FIFO" in proc.stderr
     assert proc.stderr.count("\n") == 1
 

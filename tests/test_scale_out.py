@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 
 from conformance import checkpoint as ck
 from conformance.rules.tolerance import Tolerance
 from conformance.run.compare import compare_runs, describe_failure
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 600
 SAME = Tolerance(atol=0.0, rtol=1e-10)  # the issue's float64 bound
 
 CONFIG = """
@@ -89,7 +89,7 @@ def train(config: Path, out: Path, backend: str, nproc: int, *args: str, cache: 
                 if nproc > 1 else [sys.executable])
     cmd = [*launcher, "-m", "conformance", "train", str(config), "--backend", backend, "--out", str(out),
            "--progress", "none", *args]
-    proc = subprocess.run(cmd, env=clean_env(cache), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = run_process(cmd, "finish training", PROCESS_S, env=clean_env(cache), capture_output=True, text=True)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -239,7 +239,7 @@ def test_a_rank_killed_inside_a_save_leaves_no_checkpoint_that_resume_takes(fsdp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(faults),
            "--rank", str(rank), "checkpoint", f"stage={stage}", "--", "train", str(write_config(tmp)), "--backend",
            "torch", "--out", str(out), "--progress", "none"]
-    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = run_process(cmd, f"crash at {stage}", PROCESS_S, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode != 0
     assert ck.list_checkpoints(out / "checkpoints") == []
     left = [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-step-00000002-")]
@@ -270,7 +270,7 @@ def test_negative_control_per_parameter_clipping_with_local_shard_norms_is_caugh
     out = tmp / "pp-two-local"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
            "train", str(config), "--backend", "torch", "--out", str(out), "--progress", "none"]
-    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = run_process(cmd, "finish training", PROCESS_S, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if not (tmp / "pp-one").exists():
         train(config, tmp / "pp-one", "torch", 1, "--set", "data.batch_size=24")

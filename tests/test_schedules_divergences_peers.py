@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support.processes import PROCESS_S, run_process
 import torch
 from torch.optim import lr_scheduler as S
 
@@ -133,7 +133,8 @@ def test_k_restarts_keras_takes_its_cosine_in_float32() -> None:
             "print(json.dumps([keras_schedule(1.0, 1000, 2.0, 0.9, 0.0, steps),"
             " [keras_restarts(s, 1000, 2.0, 0.9) for s in steps]]))")
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = run_process([sys.executable, "-c", code], "print Keras's schedule", PROCESS_S, cwd=ROOT, env=env,
+                      capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     keras, reference = (np.array(x) for x in json.loads(out.stdout.strip().splitlines()[-1]))
     err = np.max(np.abs(keras - reference))

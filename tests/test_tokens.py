@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 from support.resume import VOLATILE
 from support.trainers import Trainer
 
@@ -60,8 +61,8 @@ def gpt_config(train: str, val: str | None = None, **run: object) -> dict:
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("TWINSTEP_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "conformance", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    return run_process([sys.executable, "-m", "conformance", *args], f"finish twinstep {args[0]}", PROCESS_S, env=env,
+                       capture_output=True, text=True)
 
 
 # --- the shard format ---------------------------------------------------------------------------

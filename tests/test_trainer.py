@@ -15,7 +15,6 @@ tests/test_data_parallel.py, CUDA tests/test_trainer_torch_cuda.py.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support.processes import PROCESS_S, run_process
 from support.trainers import (
     LINEAR,
     ROOT,
@@ -294,9 +294,9 @@ def test_several_processes_without_a_launcher_are_refused(trainer: Trainer, tmp_
 
 
 def test_cli_bad_value_is_one_line_without_traceback(trainer: Trainer, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "conformance", "train", "--backend", trainer.name, "--out",
-                           str(tmp_path / "run"), "--set", "optimizer.betas=[0.9, 1.5]"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = run_process([sys.executable, "-m", "conformance", "train", "--backend", trainer.name, "--out",
+                        str(tmp_path / "run"), "--set", "optimizer.betas=[0.9, 1.5]"], "refuse the config",
+                       PROCESS_S, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.startswith("twinstep: error: ") and "optimizer.betas[1]" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

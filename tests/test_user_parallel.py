@@ -15,12 +15,12 @@ launched as a script under torchrun: the user's own program, not `twinstep train
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import PROCESS_S, run_process
 
 from conformance import checkpoint as ck
 from conformance.rules.tolerance import Tolerance
@@ -44,8 +44,8 @@ def run(out: Path, ways: int, *args: str) -> None:
     head = [sys.executable] if ways == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                  "--nproc_per_node", str(ways)]
     per_rank = ("--set", f"data.batch_size={24 // ways}")
-    proc = subprocess.run([*head, str(SCRIPT), "torch", str(out), *COMMON, *per_rank, *args], env=env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = run_process([*head, str(SCRIPT), "torch", str(out), *COMMON, *per_rank, *args], "finish training",
+                       PROCESS_S, env=env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -79,7 +79,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path: Path, two_
 
 def test_fsdp_units_that_match_nothing_are_refused(tmp_path: Path) -> None:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run([*head, str(SCRIPT), "torch", str(tmp_path / "run"), *COMMON, "--set", 'run.parallel="fsdp"',
-                           "--set", 'model.name="user"', "--set", 'model.fsdp_units=["blocks.*"]'], env=env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = run_process([*head, str(SCRIPT), "torch", str(tmp_path / "run"), *COMMON, "--set", 'run.parallel="fsdp"',
+                        "--set", 'model.name="user"', "--set", 'model.fsdp_units=["blocks.*"]'], "refuse the units",
+                       PROCESS_S, env=env(), capture_output=True, text=True)
     assert proc.returncode != 0 and "model.fsdp_units: 'blocks.*' matches no submodule" in proc.stderr

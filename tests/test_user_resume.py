@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.processes import wait_until
+from support.processes import PROCESS_S, wait_for, wait_until
 from support.resume import differences
 from support.user_models import blobs, config, model
 
@@ -39,7 +39,7 @@ from conformance.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "support" / "user_models.py"
-UPDATES, CUT, TIMEOUT = 30, 12, 600
+UPDATES, CUT = 30, 12
 INSIDE = {"torch": ("micro_batch", {"update": 9, "index": 1}), "jax": ("dispatched", {"update": 9})}
 FORGET = {"torch": {"buffers": ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")},
           "jax": {"buffers": ("bn.mean", "bn.var"), "rng": ("drop.rngs.count",)}}
@@ -76,7 +76,7 @@ def start(framework: str, out: Path, cache: Path, resume: bool, fault: tuple[str
 
 def finish(framework: str, out: Path, cache: Path) -> None:
     proc = start(framework, out, cache, True)
-    _, err = proc.communicate(timeout=TIMEOUT)
+    _, err = wait_for(proc, "finish the resumed run", PROCESS_S)
     assert proc.returncode == 0, err.decode()[-2000:]
 
 
@@ -90,7 +90,7 @@ def references(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
             proc = start(framework, out, cache, False, None, "--set", "checkpoint.keep_last=100")
             wait_until(proc, (out / "metrics.jsonl").exists, f"create {out / 'metrics.jsonl'}")
             began = time.monotonic()
-            _, err = proc.communicate(timeout=TIMEOUT)
+            _, err = wait_for(proc, "finish the reference run", PROCESS_S)
             assert proc.returncode == 0, err.decode()[-2000:]
             made[framework] = (out, time.monotonic() - began)
         return made[framework]
@@ -107,7 +107,7 @@ def test_random_sigkill_then_resume_is_bit_exact(framework: str, references: Any
     time.sleep(random.Random(framework).uniform(0.2, 0.9) * duration)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=TIMEOUT)
+    wait_for(proc, "end", PROCESS_S)
     finish(framework, out, cache)
     assert differences(ref, out, UPDATES) == []
 
@@ -123,7 +123,7 @@ def test_crash_at_named_point_then_resume_is_bit_exact(framework: str, point: An
     ref, _ = references(framework)
     out = tmp_path / "run"
     proc = start(framework, out, cache, False, point)
-    proc.communicate(timeout=TIMEOUT)
+    wait_for(proc, f"die at {point[0]}", PROCESS_S)
     assert proc.returncode == 137, f"the fault point {point} was never reached"
     finish(framework, out, cache)
     assert differences(ref, out, UPDATES) == []

@@ -8,12 +8,12 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import PROCESS_S, run_process
 
 from conformance.run.metrics import evals, read_metrics, updates
 
@@ -61,8 +61,8 @@ def test_gpt_on_tokenized_shards_runs_as_written(tmp_path: Path) -> None:
                                                   ("total_steps = 300", "total_steps = 12")))
     script = blocks("sh")[0].replace("twinstep ", f"{sys.executable} -m conformance ")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_process(["bash", "-e", "-c", script], "run the documented commands", PROCESS_S, cwd=tmp_path, env=env,
+                       capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["train_000000.bin", "val_000000.bin"]
     learned(tmp_path / "runs" / "gpt-shards")

@@ -7,8 +7,8 @@ no fault hook, only the `events` observer of conformance.events).
 runs `twinstep train ...` with an observer that ends the process with status 137 (as SIGKILL would:
 no cleanup, no flush) at the first event with that name whose info matches every key=value.
 
-    python tests/support/faults.py --signal TERM micro_batch update=3 -- train CONFIG --out DIR
-    torchrun ... tests/support/faults.py --signal TERM --rank 1 micro_batch update=3 -- train ...
+    python tests/support/faults.py --send-signal TERM micro_batch update=3 -- train CONFIG --out DIR
+    torchrun ... tests/support/faults.py --send-signal TERM --rank 1 micro_batch update=3 -- train ...
 
 sends the process itself SIGTERM (or INT) there instead, once (with --rank, only on that torchrun
 rank), as a cluster preempting the job would: the run finishes the update, saves and stops.
@@ -60,7 +60,9 @@ def signal_at(signum: int, name: str, rank: int | None = None, **match: Any) -> 
 def fault_args(name: str, *, signal: str | None = None, rank: int | None = None, **match: Any) -> list[str]:
     """The command-line prefix that runs twinstep under die_at(name, **match), or under
     signal_at(SIG<signal>, name, rank, **match)."""
-    head = [*(["--signal", signal] if signal else []), *(["--rank", str(rank)] if rank is not None else [])]
+    # not "--signal": torchrun's argparse scans the script's arguments too and refuses a prefix of
+    # its own --signals-to-handle as ambiguous
+    head = [*(["--send-signal", signal] if signal else []), *(["--rank", str(rank)] if rank is not None else [])]
     return [sys.executable, __file__, *head, name, *(f"{k}={v}" for k, v in match.items()), "--"]
 
 
@@ -68,8 +70,8 @@ def main(argv: list[str]) -> int:
     import signal as signals
 
     sig, rank = None, None
-    while argv[0] in ("--signal", "--rank"):
-        if argv[0] == "--signal":
+    while argv[0] in ("--send-signal", "--rank"):
+        if argv[0] == "--send-signal":
             sig = getattr(signals, f"SIG{argv[1]}")
         else:
             rank = int(argv[1])
