@@ -57,6 +57,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from conformance.config import load_config
+    from conformance.run.loop import resolve_world
     from conformance.run.session import open_run
     from ref_torch import _fsdp, _model, _train_state
     from ref_torch import _parallel as ddp
@@ -64,7 +65,7 @@ def worker(args: argparse.Namespace) -> None:
     from ref_torch.optimizers import build_optimizer
     from ref_torch.precision import LossScaler
 
-    rank, world, local = ddp.resolve_world(None, None)
+    rank, world, local = resolve_world(None, None)
     device = torch.device("cpu")
     created = ddp.setup(rank, world, device)
     torch.manual_seed(0)

@@ -72,7 +72,6 @@ Contract shared by every backend's `train` (same signature and docstring):
 from __future__ import annotations
 
 import functools
-import os
 import random
 import resource
 import sys
@@ -86,13 +85,12 @@ import numpy as np
 
 from conformance.config import Config, load_config
 from conformance.config.optimizer import SCHEDULE_FREE
-from conformance.errors import ConfigError
 from conformance.events import Events, notify
 from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
-from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation
+from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation, resolve_world
 from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.records import EvalTotals, add_eval, eval_due, eval_record, update_record
 from conformance.run.session import Run, TrainResult
@@ -122,10 +120,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     cannot run, InputError for unusable data or model, CheckpointError for a refused resume,
     NonFiniteError under the non-finite policy; files already written stay intact."""
     config = resolve_config(_as_config(config), model is not None, data is not None)
-    rank_ = int(os.environ.get("RANK", "0")) if rank is None else rank
-    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    if world < 1 or not 0 <= rank_ < world:
-        raise ConfigError(f"rank {rank_} is not in 0..{world - 1} (world_size {world})")
+    rank_, world, _ = resolve_world(rank, world_size)
     dataset = given_dataset(config, data, loss_fn is not None)
     created = init_processes(rank_, world, config.run.device)  # torchrun: one JAX process per rank, one mesh over all
     try:
@@ -164,8 +159,8 @@ def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Tr
     device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
     per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     for note in check_run_length(config.schedule, run.planned, per_epoch):
-        if run.metrics is not None and run.metrics._mode != "none":
-            run.metrics.stream.write(f"twinstep: note: {note}\n")
+        if run.metrics is not None:
+            run.metrics.note(note)
     losses: list[float] = []
     user = loss_fn is not None
     prepared = _prepare(run, parts, place, run.start, user) if run.start < run.planned else None

@@ -13,7 +13,6 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,18 +22,6 @@ import torch.distributed as dist
 
 from conformance.checkpoint import files as io
 from conformance.errors import ConfigError
-
-
-def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
-    """(rank, world_size, local_rank): explicit values win, else torchrun's RANK / WORLD_SIZE /
-    LOCAL_RANK, else a single process."""
-    env = os.environ
-    world = int(env.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
-    r = int(env.get("RANK", "0")) if rank is None else int(rank)
-    local = int(env.get("LOCAL_RANK", str(r)))
-    if world < 1 or not 0 <= r < world:
-        raise ConfigError(f"rank {r} is not in 0..{world - 1} (world_size {world})")
-    return r, world, local
 
 
 def setup(rank: int, world_size: int, device: torch.device) -> bool:
@@ -125,23 +112,6 @@ def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel
     return DistributedDataParallel(model, device_ids=ids)
 
 
-def update_hooks(wrapped: Any, world_size: int, device: torch.device) -> dict[str, Any]:
-    """apply_update's keyword hooks for this run: count and loss reductions, no_sync, and for
-    sharded parameters the local-shard view with the finite flag and norm reduced over ranks."""
-    if world_size == 1:
-        return {}
-    hooks: dict[str, Any] = {"reduce_count": count_reducer(world_size, device),
-                             "reduce_loss": loss_reducer(world_size)}
-    from ref_torch import _fsdp
-
-    if _fsdp.is_sharded(wrapped):
-        hooks.update(no_sync=_fsdp.no_sync(wrapped), local_grads=_fsdp.local, reduce_finite=_fsdp.all_finite,
-                     reduce_norm=_fsdp.global_norm)
-    else:
-        hooks["no_sync"] = wrapped.no_sync
-    return hooks
-
-
 def sum_over_ranks(x: Any, device: torch.device) -> Any:
     """The element-wise sum of a tensor over all ranks (a new tensor on `device`)."""
     out = torch.as_tensor(x).to(device=device, dtype=torch.float64).clone()
@@ -149,25 +119,59 @@ def sum_over_ranks(x: Any, device: torch.device) -> Any:
     return out
 
 
-def count_reducer(world_size: int, device: torch.device) -> Callable[[Any], Any] | None:
-    """accumulation's reduce_count: the window's token count summed over ranks, divided by the world
-    size because DDP averages (rather than sums) the ranks' gradients."""
-    if world_size == 1:
-        return None
-    return lambda n: sum_over_ranks(n, device) / world_size
+class World:
+    """What the world of one update is and how it reduces: apply_update's parallel context. One
+    process reduces nothing. Under DDP the window's token count is summed over the ranks and the
+    logged loss averaged, and gradients synchronize once per window (no_sync for the micro-batches
+    before the last). Under FSDP (`sharded`) an update works on this rank's shards of the gradients,
+    and the ranks' finite flags and norms are combined, so every rank takes the same decision."""
 
+    def __init__(self, size: int = 1, device: torch.device | None = None, model: Any = None) -> None:
+        from ref_torch import _fsdp  # DTensor's imports only for a run that uses them
 
-def loss_reducer(world_size: int) -> Callable[[Any], Any] | None:
-    """The logged window loss: the mean of the ranks' contributions (each normalized globally)."""
-    if world_size == 1:
-        return None
+        self.size = size
+        self.device = device
+        self.model = model
+        self.sharded = size > 1 and _fsdp.is_sharded(model)
 
-    def reduce(loss: Any) -> Any:
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def reduce_count(self, n: Any) -> Any:
+        """The window's token count summed over ranks, divided by the world size because DDP
+        averages (rather than sums) the ranks' gradients."""
+        return sum_over_ranks(n, self.device) / self.size
+
+    def no_sync(self) -> Any:
+        """The context of every micro-batch but the window's last: gradients stay local."""
+        from ref_torch import _fsdp
+
+        return _fsdp.no_sync(self.model)() if self.sharded else self.model.no_sync()
+
+    def reduce_loss(self, loss: Any) -> Any:
+        """The logged window loss: the mean of the ranks' contributions (each normalized globally)."""
         out = loss.detach().to(torch.float64).clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out / world_size
+        return out / self.size
 
-    return reduce
+    def local_grads(self, grads: Any) -> Any:
+        """This rank's part of the gradients: its shards under FSDP, else the gradients themselves."""
+        from ref_torch import _fsdp
+
+        return _fsdp.local(grads) if self.sharded else grads
+
+    def reduce_finite(self, flag: Any) -> Any:
+        """True on every rank only when every rank's shards are finite (sharded; else `flag`)."""
+        from ref_torch import _fsdp
+
+        return _fsdp.all_finite(flag) if self.sharded else flag
+
+    def reduce_norm(self, norm: Any, norm_type: float) -> Any:
+        """The norm over every rank's shards from this rank's (sharded; else `norm`)."""
+        from ref_torch import _fsdp
+
+        return _fsdp.global_norm(norm, norm_type) if self.sharded else norm
 
 
 def gather_bytes(data: bytes, world_size: int, device: torch.device) -> list[bytes]:

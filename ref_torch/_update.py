@@ -19,8 +19,10 @@ import torch
 from conformance.config.accumulation import AccumulationSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
+from ref_torch._clip_transforms import clip_with_norm
+from ref_torch._parallel import World
 from ref_torch.accumulation import accumulate_gradients
-from ref_torch.clipping import _scale_by_norm, check_norm, clip_gradients, total_norm
+from ref_torch.clipping import check_norm, total_norm
 from ref_torch.precision import (
     LossScaler,
     SkipState,
@@ -58,39 +60,36 @@ def apply_update(
     window: Any,
     counts: Any = None,
     update: int | None = None,
-    reduce_count: Callable[[Any], Any] | None = None,
-    no_sync: Callable[[], Any] | None = None,
-    reduce_loss: Callable[[Any], Any] | None = None,
-    local_grads: Callable[[Any], Any] | None = None,
-    reduce_finite: Callable[[Any], Any] | None = None,
-    reduce_norm: Callable[[Any, float], Any] | None = None,
+    world: World | None = None,
 ) -> tuple[SkipState, UpdateInfo]:
     """Run one update in place (parameters, optimizer, scheduler, scaler); return the new counters
     and the update's metrics. Raises NonFiniteError per specs.precision before applying anything.
 
-    reduce_loss(loss) replaces the window loss before the finite check and logging (DDP: the mean
-    over ranks, so that every rank takes the same skip decision). The loss, the pre-clip norm and,
-    with dynamic scaling, the finite flag and the scale in force reach the host in one transfer: the
+    `world` (ref_torch._parallel.World; None: one process) is how the update reduces over ranks:
+    the window's count, the logged loss (the mean over ranks, so that every rank takes the same
+    skip decision) and, for sharded parameters (FSDP), the finite flag and the norms of this rank's
+    shards, which are unscaled, checked and clipped in place. The loss, the pre-clip norm and, with
+    dynamic scaling, the finite flag and the scale in force reach the host in one transfer: the
     update's only sync. Without scaling the gradients are finite exactly when their p-norm is (a
     NaN or inf element makes it NaN or inf); a norm that overflowed on finite elements is checked
-    element by element.
-    Sharded parameters (FSDP): local_grads(grads) gives this rank's shards, which are unscaled,
-    checked and clipped in place; reduce_finite / reduce_norm(norm, p) combine the ranks' flags and
-    norms, so every rank takes the same decision."""
+    element by element."""
+    ranks = world if world is not None and world.distributed else None
+    sharded = ranks is not None and ranks.sharded
     scaling = scaler.enabled  # read once (a property over the precision spec)
     scale = scaler.state.scale if scaling else None  # update_scale makes new tensors
     grads, out = accumulate_gradients(specs.accumulation, loss_fn, params, window, counts,
                                       scale_loss=scaler.scale if scaling else None,
-                                      reduce_count=reduce_count, no_sync=no_sync)
-    loss = reduce_loss(out.loss) if reduce_loss is not None else out.loss
-    grads = local_grads(grads) if local_grads is not None else grads
+                                      reduce_count=ranks.reduce_count if ranks else None,
+                                      no_sync=ranks.no_sync if ranks else None)
+    loss = ranks.reduce_loss(out.loss) if ranks else out.loss
+    grads = ranks.local_grads(grads) if ranks else grads
     p = specs.clip.norm_type
     if scaling:
         grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
     norm = total_norm(grads, p)
-    if reduce_finite is not None and reduce_norm is not None:
-        norm = reduce_norm(norm, p)
-        grads_ok = reduce_finite(grads_ok) if scaling else None
+    if sharded:
+        norm = ranks.reduce_norm(norm, p)
+        grads_ok = ranks.reduce_finite(grads_ok) if scaling else None
     values = _to_host([loss, norm] + ([grads_ok, scale] if scaling else []))
     loss_v, norm_v = values[:2]
     scale_v = values[3] if scaling else None
@@ -102,16 +101,18 @@ def apply_update(
         grads_v = math.isfinite(norm_v)
         if not grads_v and math.isfinite(loss_v):
             exact = grads_finite(grads)
-            grads_v = bool(reduce_finite(exact) if reduce_finite is not None else exact)
+            grads_v = bool(ranks.reduce_finite(exact) if sharded else exact)
     finite = bool(grads_v) and math.isfinite(loss_v)
     skips = record_update(skips, finite)
     if not finite:
         loss_flag, grad_flags = finite_flags(loss, grads)
-        if local_grads is not None and bool(loss_flag) and all(bool(v) for v in grad_flags.values()):
+        if sharded and bool(loss_flag) and all(bool(v) for v in grad_flags.values()):
             grad_flags = {**grad_flags, "(a shard on another rank)": torch.tensor(False)}
         check_nonfinite(specs.precision, skips, loss_flag, grad_flags, update)
     else:
-        _clip(specs.clip, grads, norm, norm_v, reduce_norm)
+        if specs.clip.mode != "none" and not math.isfinite(norm_v):  # overflowed on finite gradients
+            check_norm(specs.clip, norm, grads)  # error_if_nonfinite: raise naming the first bad one
+        clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
         optimizer.step()
     if scaling:
         scaler.update(torch.tensor(finite))
@@ -128,27 +129,3 @@ def _to_host(values: list[Any]) -> list[float]:
         return list(map(float, values))
     device = values[0].device
     return torch.stack([v.to(device=device, dtype=torch.float64).reshape(()) for v in values]).tolist()
-
-
-def _clip(spec: ClipSpec, grads: Mapping[str, Any], norm: Any, norm_value: float,
-          reduce_norm: Callable[[Any, float], Any] | None = None) -> None:
-    # The global-norm rule reuses the norm already computed (no second pass over the gradients).
-    mode = spec.mode  # a property: read once
-    if mode == "none":
-        return
-    if mode == "per_parameter" and reduce_norm is not None:
-        # sharded: each parameter's norm over every rank's shard (one all-reduce for all of them)
-        if spec.error_if_nonfinite and not math.isfinite(norm_value):
-            check_norm(spec, norm, grads)
-        present = [g for g in grads.values() if g is not None]
-        if present:
-            local = torch.stack([torch.nn.utils.get_total_norm([g], spec.norm_type) for g in present])
-            for g, n in zip(present, reduce_norm(local, spec.norm_type)):
-                _scale_by_norm([g], n, spec)
-        return
-    if mode == "global_norm":
-        if spec.error_if_nonfinite and not math.isfinite(norm_value):
-            check_norm(spec, norm, grads)
-        _scale_by_norm([g for g in grads.values() if g is not None], norm, spec)
-        return
-    clip_gradients(spec, grads)

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
-from conformance.config.clip import TORCH_EPS, ClipSpec
+from conformance.config.clip import ClipSpec
 from conformance.errors import InputError, NonFiniteError
 from conformance.rules.nonfinite import nonfinite_norm_message
+from ref_torch._clip_transforms import clip_with_norm
 from ref_torch.backend import framework_dtype, to_numpy
 
 __all__ = ["check_norm", "clip_and_norm", "clip_gradients", "total_norm"]
-
-
-class _GradRef(NamedTuple):
-    # torch.nn.utils' clip functions read `.grad` from "parameters"; this hands them bare gradients.
-    grad: Any
 
 
 def _present(grads: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,24 +48,6 @@ def check_norm(spec: ClipSpec, norm: Any, grads: Any) -> None:
     raise NonFiniteError(nonfinite_norm_message(spec, value, bad))
 
 
-def _scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
-    # in place, outside autograd (torch's clip_grads_with_norm_ runs under no_grad itself)
-    if spec.eps == TORCH_EPS:
-        torch.nn.utils.clip_grads_with_norm_(list(map(_GradRef, grads)), spec.max_norm, norm)
-        return
-    with torch.no_grad():
-        if spec.eps == 0:
-            # optax's select: untouched below the threshold, (g / n) * c at or above it, where XLA
-            # computes g / n as g * (1 / n); the same operations keep torch bit-for-bit equal to optax
-            keep = norm < spec.max_norm
-            inv = 1.0 / norm
-            for g in grads:
-                g.copy_(torch.where(keep, g, g * inv * spec.max_norm))
-        else:
-            coef = torch.clamp(spec.max_norm / (norm + spec.eps), max=1.0)
-            torch._foreach_mul_(grads, coef)
-
-
 @torch.no_grad()
 def clip_gradients(spec: ClipSpec, grads: Any) -> tuple[Any, Any]:
     """Clip a mapping name -> gradient by `spec`; return (clipped gradients, total norm before clipping).
@@ -80,15 +58,7 @@ def clip_gradients(spec: ClipSpec, grads: Any) -> tuple[Any, Any]:
     present = _present(grads)
     norm = total_norm(present, spec.norm_type)
     check_norm(spec, norm, present)
-    tensors = list(present.values())
-    mode = spec.mode
-    if mode == "value":
-        torch.nn.utils.clip_grad_value_([_GradRef(g) for g in tensors], spec.clip_value)
-    elif mode == "global_norm":
-        _scale_by_norm(tensors, norm, spec)
-    elif mode == "per_parameter":
-        for g in tensors:
-            _scale_by_norm([g], torch.nn.utils.get_total_norm([g], spec.norm_type), spec)
+    clip_with_norm(spec, present, norm)
     return grads, norm
 
 

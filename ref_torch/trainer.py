@@ -88,7 +88,7 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
 from conformance.run.counters import advance
-from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation
+from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation, resolve_world
 from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.records import EvalTotals, eval_due, eval_record, update_record
 from conformance.run.session import Run, TrainResult
@@ -117,7 +117,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     cannot run, InputError for unusable data or model, CheckpointError for a refused resume,
     NonFiniteError under the non-finite policy; files already written stay intact."""
     config = resolve_config(_as_config(config), model is not None, data is not None)
-    rank_, world, local = ddp.resolve_world(rank, world_size)
+    rank_, world, local = resolve_world(rank, world_size)
     device = rt.pick_device(config.run.device, local)
     created = ddp.setup(rank_, world, device)
     given = _Given(model, given_dataset(config, data, loss_fn is not None), loss_fn)
@@ -145,12 +145,12 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
                              world_size=world, progress=progress, events=events, dataset=given.dataset,
                              check_loss=given.loss_fn is None)
     try:
-        return _loop(config, run, device, progress, given)
+        return _loop(config, run, device, given)
     finally:
         run.close()
 
 
-def _loop(config: Config, run: Run, device: torch.device, progress: str, given: _Given) -> TrainResult:
+def _loop(config: Config, run: Run, device: torch.device, given: _Given) -> TrainResult:
     rt.seed_everything(config.run.seed + run.rank)
     pdtype = framework_dtype(config.precision.param_dtype)
     model = _model.make(config, run.data.info, device, given.model)
@@ -170,7 +170,8 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
     check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
     for note in check_run_length(config.schedule, run.planned, per_epoch):
-        _note(run, note, progress)
+        if run.metrics is not None:
+            run.metrics.note(note)
     scheduler = build_scheduler(config.schedule, optimizer, per_epoch, start=run.counters.schedule_t)
     forward = rt.maybe_compile(wrapped, config)
     skips = init_skip_state()
@@ -180,7 +181,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
             _train_state.restore_plateau(run.checkpoint, scheduler)
     model.train()
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
-    hooks = ddp.update_hooks(wrapped, run.world_size, device)
+    world = ddp.World(run.world_size, device, wrapped)  # how an update reduces over the ranks
     name = rt.device_name(device)
     observing = isinstance(scheduler, MetricPlateau)  # reduce_on_plateau observes each evaluation
     batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
@@ -197,7 +198,7 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
             _loss_fn(config, batch_loss, run, inject, t, given.loss_fn, device)
         to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
         skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
-                                   counts, update=t, **hooks)
+                                   counts, update=t, world=world)
         if objs.ema is not None and not info.skipped:
             update_ema(config.ema, objs.ema, params, ema_due(config.ema, t))
         # between updates a schedule-free run holds x: evaluations, saves and a preemption read it as it
@@ -220,11 +221,6 @@ def _loop(config: Config, run: Run, device: torch.device, progress: str, given: 
     to_train_point(optimizer, params)  # the result is the training weights (a schedule-free optimizer's y)
     return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir,
                        run.last_checkpoint)
-
-
-def _note(run: Run, text: str, progress: str) -> None:
-    if run.metrics is not None and progress != "none":
-        run.metrics.stream.write(f"twinstep: note: {text}\n")
 
 
 def _prepare(config: Config, run: Run, window: Any, device: torch.device, dtype: torch.dtype,

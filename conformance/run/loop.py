@@ -15,15 +15,28 @@ rank's `ok` is True (a MIN all-reduce; one process: `ok` itself), the same answe
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.errors import TwinstepError
+from conformance.errors import ConfigError, TwinstepError
 from conformance.run.records import checkpoint_due
 from conformance.run.session import Agree, Run, open_run
 
-__all__ = ["checkpoint_or_stop", "open_on_every_rank", "record_evaluation"]
+__all__ = ["checkpoint_or_stop", "open_on_every_rank", "record_evaluation", "resolve_world"]
+
+
+def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank): explicit values win, else the launcher's RANK / WORLD_SIZE /
+    LOCAL_RANK (torchrun), else a single process. ConfigError for a rank outside the world."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
+    r = int(env.get("RANK", "0")) if rank is None else int(rank)
+    local = int(env.get("LOCAL_RANK", str(r)))
+    if world < 1 or not 0 <= r < world:
+        raise ConfigError(f"rank {r} is not in 0..{world - 1} (world_size {world})")
+    return r, world, local
 
 
 def open_on_every_rank(agree: Agree, config: Any, out_dir: str | Path, backend: str, *, rank: int = 0,

@@ -229,6 +229,15 @@ class MetricsLog:
             else:
                 self.stream.write(line)
 
+    def note(self, text: str) -> None:
+        """A line `twinstep: note: TEXT` on the progress stream (not with progress "none")."""
+        if self._mode == "none":
+            return
+        if self._bar is not None:
+            self._bar.write(f"twinstep: note: {text}", file=self.stream)
+        else:
+            self.stream.write(f"twinstep: note: {text}\n")
+
     def close(self) -> None:
         if self._fd is not None:
             try:
