@@ -4,16 +4,18 @@
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
 
 Both backends run the same configs, write the same metrics lines and checkpoints (either resumes
-the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). A plain loop over
-small parts (conformance.run holds the framework-neutral half, shared by both):
+the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). The run is written
+once, in conformance.run.loop: opening the directory with every rank agreeing, and after each
+update its metrics line, evaluation, best validation loss and checkpoint or stop, in that order.
+A trainer supplies only its framework steps (`_Steps`: update, evaluate, observe, save,
+peak_memory_bytes, final_params):
 
-    run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
-    model, optimizer, schedule, loss scale ← built, then restored from run.checkpoint if resuming
-    for t in range(run.start, run.planned):
-        window = run.data.window(t)               # the micro-batches of update t (pure function of t)
-        update                                    # scale → gradients over the window → unscale →
-                                                  # finite check → clip → step or skip → scaler → schedule
-        run.counters = advance(...); metrics line; evaluation every run.eval_every; checkpoint
+    run = open_on_every_rank(agree, ...)          # DIR/config.toml, data, checkpoint to resume, metrics
+    drive(run, _Steps(run, ...))                  # model, optimizer, schedule, loss scale built, then
+                                                  # restored from run.checkpoint if resuming; update t:
+                                                  # window t → scale → gradients over the window →
+                                                  # unscale → finite check → clip → step or skip →
+                                                  # scaler → schedule
 
 torch: ref_torch._update.apply_update per update; one process per rank (torchrun: DDP or FSDP).
 JAX: ONE jitted, donating step for the whole update (ref_jax._train_step), the schedule position
@@ -89,12 +91,10 @@ from conformance.events import Events, notify
 from conformance.rules.ema import ema_due
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
-from conformance.run.counters import advance
-from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation, resolve_world
+from conformance.run.loop import Update, drive, open_on_every_rank, resolve_world
 from conformance.run.objects import given_dataset, resolve_config
-from conformance.run.records import EvalTotals, add_eval, eval_due, eval_record, update_record
+from conformance.run.records import EvalTotals, add_eval
 from conformance.run.session import Run, TrainResult
-from conformance.run.throughput import throughput_extras
 from ref_jax import _train_state as ts
 from ref_jax._parallel import exchange, init_processes, placement, shutdown
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
@@ -129,7 +129,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
                                      world_size=world, progress=progress or config.run.progress, events=events,
                                      dataset=dataset, check_loss=loss_fn is None)
             try:
-                return _loop(run, model, loss_fn)
+                return drive(run, _Steps(run, model, loss_fn))
             finally:
                 run.close()
     finally:
@@ -141,66 +141,81 @@ def _all(ok: bool, world: int) -> bool:
     return ok if world == 1 else all(b == b"1" for b in exchange(b"1" if ok else b"0"))
 
 
-def _loop(run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> TrainResult:
-    config = run.config
-    random.seed(config.run.seed)  # the host generators, seeded as the torch trainer seeds them
-    np.random.seed(config.run.seed % 2**32)
-    place = placement(config.run.device)
-    parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned, model)
-    state, key = ts.initial_state(parts, run, place)
-    average = ts.initial_ema(config, parts.params, run, place)
-    ema_step = jax.jit(lambda a, p, due: update_ema(config.ema, a, p, due), donate_argnums=(0,))
-    step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place, loss_fn)
-    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
-    plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
-    tables = place.put_replicated(parts.tables if plateau is None else ts.plateau_tables(parts, plateau))
-    evaluate = None
-    specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
-    device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
-    per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
-    for note in check_run_length(config.schedule, run.planned, per_epoch):
-        if run.metrics is not None:
-            run.metrics.note(note)
-    losses: list[float] = []
-    user = loss_fn is not None
-    prepared = _prepare(run, parts, place, run.start, user) if run.start < run.planned else None
-    # schedule-free: the state holds x between updates, y = lerp(x, z, 1 − β) only inside one
-    free = config.optimizer.name in SCHEDULE_FREE
-    to_y, to_x = (jax.jit(functools.partial(ts.at_point, train=b), donate_argnums=(0,)) for b in (True, False))
-    for t in range(run.start, run.planned):
-        window, arrays, data_s = prepared
+class _Steps:
+    """The framework steps of a JAX run (conformance.run.loop.Steps): model, optimizer, schedule
+    and loss scale built, then restored from run.checkpoint when resuming."""
+
+    def __init__(self, run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> None:
+        config = self.config = run.config
+        self.run, self.loss_fn = run, loss_fn
+        random.seed(config.run.seed)  # the host generators, seeded as the torch trainer seeds them
+        np.random.seed(config.run.seed % 2**32)
+        place = self.place = placement(config.run.device)
+        parts = self.parts = ts.build(config, run.data.info, place, run.data.updates_per_epoch, run.planned, model)
+        self.state, self.key = ts.initial_state(parts, run, place)
+        self.average = ts.initial_ema(config, parts.params, run, place)
+        self.ema_step = jax.jit(lambda a, p, due: update_ema(config.ema, a, p, due), donate_argnums=(0,))
+        self.step = make_train_step(config, parts.apply, parts.policy, parts.tx, parts.layout, place, loss_fn)
+        check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
+        self.plateau = ts.plateau_start(config, run)  # reduce_on_plateau: its lrs replace the tables
+        self.tables = place.put_replicated(parts.tables if self.plateau is None else
+                                           ts.plateau_tables(parts, self.plateau))
+        self.evaluator: Any = None
+        self.specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
+        self.device_name = place.devices[0].device_kind if place.devices[0].platform != "cpu" else None
+        per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
+        for note in check_run_length(config.schedule, run.planned, per_epoch):
+            if run.metrics is not None:
+                run.metrics.note(note)
+        self.prepared = _prepare(run, parts, place, run.start, loss_fn is not None) if run.start < run.planned \
+            else None
+        # schedule-free: the state holds x between updates, y = lerp(x, z, 1 − β) only inside one
+        self.free = config.optimizer.name in SCHEDULE_FREE
+        self.to_y, self.to_x = (jax.jit(functools.partial(ts.at_point, train=b), donate_argnums=(0,))
+                                for b in (True, False))
+
+    def update(self, t: int) -> Update:
+        config, run, free = self.config, self.run, self.free
+        window, arrays, data_s = self.prepared
         t0 = time.perf_counter()
-        state, out = step(to_y(state) if free else state, arrays, np.int32(t), tables, key)
-        if average is not None:  # on the device, after the step: due unless the update was skipped
-            average = ema_step(average, state.update.params, ema_due(config.ema, t) & ~out.info.skipped)
-        state = to_x(state) if free else state
+        state, out = self.step(self.to_y(self.state) if free else self.state, arrays, np.int32(t), self.tables,
+                               self.key)
+        if self.average is not None:  # on the device, after the step: due unless the update was skipped
+            self.average = self.ema_step(self.average, state.update.params,
+                                         ema_due(config.ema, t) & ~out.info.skipped)
+        self.state = state = self.to_x(state) if free else state
         notify(run.events, "dispatched", update=t)
         # build the next window on the host while the device computes this one
-        prepared = _prepare(run, parts, place, t + 1, user) if t + 1 < run.planned else None
-        overlap = prepared[2] if prepared is not None else 0.0
+        self.prepared = _prepare(run, self.parts, self.place, t + 1, self.loss_fn is not None) \
+            if t + 1 < run.planned else None
+        overlap = self.prepared[2] if self.prepared is not None else 0.0
         out = jax.device_get(out)  # the update's one wait for the device: every metric in one transfer
-        info = finish_update(specs, state.update, out.info, update=t)
-        compute_s = max(time.perf_counter() - t0 - overlap, 0.0)
-        run.counters = advance(run.counters, info["skipped"], info["schedule_advanced"])
-        losses.append(info["loss"])
-        extra = {"peak_memory_bytes": _peak_memory(jax.local_devices()[0]),
-                 **throughput_extras(config, run, window, data_s + compute_s, device_name)}
-        if run.metrics is not None:
-            run.metrics.log_update(update_record(run, t, window, info, _lrs(out), data_s, compute_s, **extra))
-        val_loss = None
-        if eval_due(run, t):
-            evaluate = evaluate or make_eval_step(config, parts.apply, parts.policy, parts.layout, place, loss_fn)
-            weights = _evaluation_params(config, state, average)
-            record = eval_record(t, _evaluate(run, parts, place, evaluate, weights, state.update.model_state))
-            val_loss = record["val_loss"]
-            record_evaluation(run, record)
-            if plateau is not None:  # observed after update t: updates t + 1, ... apply its lrs
-                plateau = ts.plateau_observe(config, plateau, record[config.schedule.monitor])
-                tables = place.put_replicated(ts.plateau_tables(parts, plateau))
-        checkpoint_or_stop(run, t, lambda done: ts.save(run, place, state, key, done, val_loss, plateau, average))
-    state = to_y(state) if free else state  # the result is the training weights (schedule-free: y)
-    parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds the result
-    return TrainResult(ts.params_numpy(state), losses, run.counters.updates_done, run.out_dir, run.last_checkpoint)
+        info = finish_update(self.specs, state.update, out.info, update=t)
+        return Update(window, info, _lrs(out), data_s, max(time.perf_counter() - t0 - overlap, 0.0))
+
+    def evaluate(self, t: int) -> EvalTotals:
+        parts, state = self.parts, self.state
+        self.evaluator = self.evaluator or make_eval_step(self.config, parts.apply, parts.policy, parts.layout,
+                                                          self.place, self.loss_fn)
+        weights = _evaluation_params(self.config, state, self.average)
+        return _evaluate(self.run, parts, self.place, self.evaluator, weights, state.update.model_state)
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        if self.plateau is not None:
+            self.plateau = ts.plateau_observe(self.config, self.plateau, record[self.config.schedule.monitor])
+            self.tables = self.place.put_replicated(ts.plateau_tables(self.parts, self.plateau))
+
+    def save(self, updates_done: int, val_loss: float | None) -> Path | None:
+        return ts.save(self.run, self.place, self.state, self.key, updates_done, val_loss, self.plateau, self.average)
+
+    def peak_memory_bytes(self) -> int:
+        return _peak_memory(jax.local_devices()[0])
+
+    def final_params(self) -> dict[str, Any]:
+        state = self.to_y(self.state) if self.free else self.state  # the training weights (schedule-free: y)
+        self.state = state
+        self.parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds it
+        return ts.params_numpy(state)
 
 
 def _peak_memory(device: Any) -> int:

@@ -4,16 +4,18 @@
     result = train(config, "runs/lr", resume=True)                        # continue from the newest checkpoint
 
 Both backends run the same configs, write the same metrics lines and checkpoints (either resumes
-the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). A plain loop over
-small parts (conformance.run holds the framework-neutral half, shared by both):
+the other's) and agree to the tolerance of the dtype (docs/jax_trainer.md). The run is written
+once, in conformance.run.loop: opening the directory with every rank agreeing, and after each
+update its metrics line, evaluation, best validation loss and checkpoint or stop, in that order.
+A trainer supplies only its framework steps (`_Steps`: update, evaluate, observe, save,
+peak_memory_bytes, final_params):
 
-    run = open_run(...)                           # DIR/config.toml, data, checkpoint to resume, metrics
-    model, optimizer, schedule, loss scale ← built, then restored from run.checkpoint if resuming
-    for t in range(run.start, run.planned):
-        window = run.data.window(t)               # the micro-batches of update t (pure function of t)
-        update                                    # scale → gradients over the window → unscale →
-                                                  # finite check → clip → step or skip → scaler → schedule
-        run.counters = advance(...); metrics line; evaluation every run.eval_every; checkpoint
+    run = open_on_every_rank(agree, ...)          # DIR/config.toml, data, checkpoint to resume, metrics
+    drive(run, _Steps(run, ...))                  # model, optimizer, schedule, loss scale built, then
+                                                  # restored from run.checkpoint if resuming; update t:
+                                                  # window t → scale → gradients over the window →
+                                                  # unscale → finite check → clip → step or skip →
+                                                  # scaler → schedule
 
 torch: ref_torch._update.apply_update per update; one process per rank (torchrun: DDP or FSDP).
 JAX: ONE jitted, donating step for the whole update (ref_jax._train_step), the schedule position
@@ -87,12 +89,10 @@ from conformance.rules.ema import ema_due
 from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length, check_schedule
 from conformance.run.batches import injected, window_counts
-from conformance.run.counters import advance
-from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation, resolve_world
+from conformance.run.loop import Update, drive, open_on_every_rank, resolve_world
 from conformance.run.objects import given_dataset, resolve_config
-from conformance.run.records import EvalTotals, eval_due, eval_record, update_record
+from conformance.run.records import EvalTotals
 from conformance.run.session import Run, TrainResult
-from conformance.run.throughput import throughput_extras
 from ref_torch import _fsdp, _model, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
@@ -145,82 +145,93 @@ def _train(config: Config, out: Path, resume: bool, rank: int, world: int, devic
                              world_size=world, progress=progress, events=events, dataset=given.dataset,
                              check_loss=given.loss_fn is None)
     try:
-        return _loop(config, run, device, given)
+        return drive(run, _Steps(run, device, given))
     finally:
         run.close()
 
 
-def _loop(config: Config, run: Run, device: torch.device, given: _Given) -> TrainResult:
-    rt.seed_everything(config.run.seed + run.rank)
-    pdtype = framework_dtype(config.precision.param_dtype)
-    model = _model.make(config, run.data.info, device, given.model)
-    if run.world_size > 1 and config.run.parallel == "fsdp":
-        _fsdp.check(config)
-    # FSDP shards `model` in place
-    wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel, config.model.fsdp_units)
-    tensors = _model.named(model, config.model.rename)
-    params = tensors.params
-    optimizer = build_optimizer(config.optimizer, params.items())
-    if config.ema.enabled and _fsdp.is_sharded(model):
-        raise UnsupportedError("[ema] with run.parallel = 'fsdp' is not supported yet (the EMA of sharded "
-                               "parameters); use 'ddp'")
-    objs = _train_state.Objects(model, optimizer, LossScaler(config.precision, device), tensors,
-                                init_ema(config.ema, params))
-    per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
-    check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
-    check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
-    for note in check_run_length(config.schedule, run.planned, per_epoch):
-        if run.metrics is not None:
-            run.metrics.note(note)
-    scheduler = build_scheduler(config.schedule, optimizer, per_epoch, start=run.counters.schedule_t)
-    forward = rt.maybe_compile(wrapped, config)
-    skips = init_skip_state()
-    if run.checkpoint is not None:
-        skips = _train_state.restore(run.checkpoint, objs, run.rank)  # RNG last: nothing may draw after it
-        if isinstance(scheduler, MetricPlateau):
-            _train_state.restore_plateau(run.checkpoint, scheduler)
-    model.train()
-    specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
-    world = ddp.World(run.world_size, device, wrapped)  # how an update reduces over the ranks
-    name = rt.device_name(device)
-    observing = isinstance(scheduler, MetricPlateau)  # reduce_on_plateau observes each evaluation
-    batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
-    plain = _plain_loss(batch_loss)  # one process, nobody watching, nothing injected: the lean call
-    losses: list[float] = []
-    for t in range(run.start, run.planned):
+class _Steps:
+    """The framework steps of a torch run (conformance.run.loop.Steps): model, optimizer, schedule
+    and loss scale built, then restored from run.checkpoint when resuming."""
+
+    def __init__(self, run: Run, device: torch.device, given: _Given) -> None:
+        config = self.config = run.config
+        self.run, self.device, self.given = run, device, given
+        rt.seed_everything(config.run.seed + run.rank)
+        self.pdtype = framework_dtype(config.precision.param_dtype)
+        model = _model.make(config, run.data.info, device, given.model)
+        if run.world_size > 1 and config.run.parallel == "fsdp":
+            _fsdp.check(config)
+        # FSDP shards `model` in place
+        wrapped = ddp.wrap(model, device, run.world_size, config.run.parallel, config.model.fsdp_units)
+        tensors = _model.named(model, config.model.rename)
+        self.params = tensors.params
+        self.optimizer = build_optimizer(config.optimizer, self.params.items())
+        if config.ema.enabled and _fsdp.is_sharded(model):
+            raise UnsupportedError("[ema] with run.parallel = 'fsdp' is not supported yet (the EMA of sharded "
+                                   "parameters); use 'ddp'")
+        self.objs = _train_state.Objects(model, self.optimizer, LossScaler(config.precision, device), tensors,
+                                         init_ema(config.ema, self.params))
+        per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
+        check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
+        check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
+        for note in check_run_length(config.schedule, run.planned, per_epoch):
+            if run.metrics is not None:
+                run.metrics.note(note)
+        self.scheduler = build_scheduler(config.schedule, self.optimizer, per_epoch, start=run.counters.schedule_t)
+        forward = rt.maybe_compile(wrapped, config)
+        self.skips = init_skip_state()
+        if run.checkpoint is not None:
+            # RNG last: nothing may draw after it
+            self.skips = _train_state.restore(run.checkpoint, self.objs, run.rank)
+            if isinstance(self.scheduler, MetricPlateau):
+                _train_state.restore_plateau(run.checkpoint, self.scheduler)
+        model.train()
+        self.specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
+        self.world = ddp.World(run.world_size, device, wrapped)  # how an update reduces over the ranks
+        self.device_name = rt.device_name(device)
+        self.observing = isinstance(self.scheduler, MetricPlateau)  # reduce_on_plateau observes each evaluation
+        self.batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
+        self.plain = _plain_loss(self.batch_loss)  # one process, nobody watching, nothing injected: the lean call
+
+    def update(self, t: int) -> Update:
+        config, run, params, optimizer = self.config, self.run, self.params, self.optimizer
         t0 = time.perf_counter()
         window = run.data.window(t)  # the data position is the update count: a pure function of t
-        batches, counts = _prepare(config, run, window, device, pdtype, given.loss_fn is not None)
+        batches, counts = _prepare(config, run, window, self.device, self.pdtype, self.given.loss_fn is not None)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
         inject = injected(config, t)
-        loss_fn = plain if run.world_size == 1 and run.events is None and not inject else \
-            _loss_fn(config, batch_loss, run, inject, t, given.loss_fn, device)
+        loss_fn = self.plain if run.world_size == 1 and run.events is None and not inject else \
+            _loss_fn(config, self.batch_loss, run, inject, t, self.given.loss_fn, self.device)
         to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
-        skips, info = apply_update(specs, params, optimizer, scheduler, objs.scaler, skips, loss_fn, batches,
-                                   counts, update=t, world=world)
-        if objs.ema is not None and not info.skipped:
-            update_ema(config.ema, objs.ema, params, ema_due(config.ema, t))
+        self.skips, info = apply_update(self.specs, params, optimizer, self.scheduler, self.objs.scaler, self.skips,
+                                        loss_fn, batches, counts, update=t, world=self.world)
+        if self.objs.ema is not None and not info.skipped:
+            update_ema(config.ema, self.objs.ema, params, ema_due(config.ema, t))
         # between updates a schedule-free run holds x: evaluations, saves and a preemption read it as it
         # is, so none of them rounds y (a resume from any of them continues bit for bit)
         to_eval_point(optimizer, params)
-        t2 = time.perf_counter()
-        run.counters = advance(run.counters, info.skipped, info.schedule_advanced)
-        losses.append(info.loss)
-        if run.metrics is not None:
-            extra = {"peak_memory_bytes": rt.peak_memory_bytes(device),
-                     **throughput_extras(config, run, window, t2 - t0, name)}
-            run.metrics.log_update(update_record(run, t, window, info._asdict(), lrs, t1 - t0, t2 - t1,
-                                                          **extra))
-        record = _evaluate_now(config, run, objs, device, pdtype, t, given.loss_fn) if eval_due(run, t) else None
-        if observing and record is not None:
-            scheduler.step(record[config.schedule.monitor])
-        val_loss = None if record is None else record["val_loss"]
-        checkpoint_or_stop(run, t, lambda done: _train_state.save_checkpoint(
-            run, done, objs, device, val_loss, plateau.to_json(plateau_state(scheduler)) if observing else None))
-    to_train_point(optimizer, params)  # the result is the training weights (a schedule-free optimizer's y)
-    return TrainResult(_train_state.final_params(objs), losses, run.counters.updates_done, run.out_dir,
-                       run.last_checkpoint)
+        return Update(window, info._asdict(), lrs, t1 - t0, time.perf_counter() - t1)
+
+    def evaluate(self, t: int) -> EvalTotals:
+        with _evaluation_weights(self.config, self.objs):
+            return _evaluate(self.config, self.run, self.objs.model, self.device, self.pdtype, self.given.loss_fn)
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        if self.observing:
+            self.scheduler.step(record[self.config.schedule.monitor])
+
+    def save(self, updates_done: int, val_loss: float | None) -> Path | None:
+        state = plateau.to_json(plateau_state(self.scheduler)) if self.observing else None
+        return _train_state.save_checkpoint(self.run, updates_done, self.objs, self.device, val_loss, state)
+
+    def peak_memory_bytes(self) -> int:
+        return rt.peak_memory_bytes(self.device)
+
+    def final_params(self) -> dict[str, Any]:
+        to_train_point(self.optimizer, self.params)  # the training weights (a schedule-free optimizer's y)
+        return _train_state.final_params(self.objs)
 
 
 def _prepare(config: Config, run: Run, window: Any, device: torch.device, dtype: torch.dtype,
@@ -276,14 +287,6 @@ def _loss_fn(config: Config, batch_loss: Callable[[Any], Any], run: Run, inject:
         return res
 
     return loss_fn
-
-
-def _evaluate_now(config: Config, run: Run, objs: Any, device: torch.device, dtype: torch.dtype,
-                  t: int, user: Callable[[Any, Any], Any] | None) -> dict[str, Any]:
-    with _evaluation_weights(config, objs):
-        record = eval_record(t, _evaluate(config, run, objs.model, device, dtype, user))
-    record_evaluation(run, record)
-    return record
 
 
 @contextmanager

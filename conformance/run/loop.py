@@ -1,12 +1,13 @@
-"""The run's decisions, written once for both trainers: opening the run directory with every rank
-agreeing, the best validation loss, and the checkpoint after an update (due, or asked for by
-SIGTERM / SIGINT on any rank, which then stops the run).
+"""The run written once: the driver that owns a training run's decisions for both trainers. A
+trainer supplies only its framework steps (Steps); `drive` runs the updates in one fixed order:
 
     run = open_on_every_rank(agree, config, out_dir, "torch", resume=True, rank=r, world_size=w)
     for t in range(run.start, run.planned):
-        ... the framework's update t, its metrics line ...
-        if eval_due(run, t): record_evaluation(run, eval_record(t, totals))
-        checkpoint_or_stop(run, t, lambda done: save(done, ...))   # raises Preempted to stop
+        done = steps.update(t)                    # the framework's update t over run.data.window(t)
+        counters advance; metrics line (with tokens/s and MFU)
+        if eval_due(run, t): steps.evaluate(t) → eval line, best validation loss, steps.observe
+        checkpoint_or_stop(run, t, ...)           # due, or SIGTERM / SIGINT on any rank: save (and stop)
+    TrainResult(steps.final_params(), losses, ...)
 
 `agree(ok) -> bool` is the one collective a trainer supplies for these decisions: True when every
 rank's `ok` is True (a MIN all-reduce; one process: `ok` itself), the same answer on every rank.
@@ -16,15 +17,80 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from conformance.errors import ConfigError, TwinstepError
-from conformance.run.records import checkpoint_due
-from conformance.run.session import Agree, Run, open_run
+from conformance.data import Window
+from conformance.run.counters import advance
+from conformance.run.records import EvalTotals, checkpoint_due, eval_due, eval_record, update_record
+from conformance.run.session import Agree, Run, TrainResult, open_run
+from conformance.run.throughput import throughput_extras
 
-__all__ = ["checkpoint_or_stop", "open_on_every_rank", "record_evaluation", "resolve_world"]
+__all__ = ["Steps", "Update", "checkpoint_or_stop", "drive", "open_on_every_rank", "record_evaluation",
+           "resolve_world"]
+
+
+class Update(NamedTuple):
+    """What one framework update tells the driver."""
+
+    window: Window  # the update's micro-batches (conformance.data)
+    info: Mapping[str, Any]  # loss, grad_norm, skipped, loss_scale, schedule_advanced
+    lrs: list[float]  # every group's lr the update applied
+    data_s: float  # seconds laying out the window on the host
+    compute_s: float  # seconds of the update itself
+
+
+class Steps(Protocol):
+    """A trainer's framework steps: all the driver asks of it."""
+
+    device_name: str | None  # the accelerator's kind for MFU (None: the CPU)
+
+    def update(self, t: int) -> Update:
+        """Run update t over run.data.window(t) (raising NonFiniteError under the policy)."""
+
+    def evaluate(self, t: int) -> EvalTotals:
+        """Validation sums after update t over every rank, with the weights evaluations see."""
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        """An evaluation's record, for a schedule that watches it (reduce_on_plateau)."""
+
+    def save(self, updates_done: int, val_loss: float | None) -> Path | None:
+        """Checkpoint the state after `updates_done` updates; collective (rank 0's path, else None)."""
+
+    def peak_memory_bytes(self) -> int:
+        """The accelerator's peak bytes in use so far (the CPU: the process's peak RSS)."""
+
+    def final_params(self) -> dict[str, Any]:
+        """The training weights as NumPy arrays by neutral name, once the last update is done."""
+
+
+def drive(run: Run, steps: Steps) -> TrainResult:
+    """Run updates run.start .. run.planned - 1 (see the module docstring); the run's decisions are
+    made here, in this order after every update: counters, metrics line, evaluation (best
+    validation loss, observed by the schedule), checkpoint or stop. The caller closes the run."""
+    losses: list[float] = []
+    for t in range(run.start, run.planned):
+        done = steps.update(t)
+        info = done.info
+        run.counters = advance(run.counters, info["skipped"], info["schedule_advanced"])
+        losses.append(info["loss"])
+        if run.metrics is not None:
+            extra = {"peak_memory_bytes": steps.peak_memory_bytes(),
+                     **throughput_extras(run.config, run, done.window, done.data_s + done.compute_s,
+                                         steps.device_name)}
+            run.metrics.log_update(update_record(run, t, done.window, dict(info), done.lrs, done.data_s,
+                                                 done.compute_s, **extra))
+        val_loss = None
+        if eval_due(run, t):
+            record = eval_record(t, steps.evaluate(t))
+            record_evaluation(run, record)
+            steps.observe(record)  # updates t + 1, ... apply what it decides
+            val_loss = record["val_loss"]
+        checkpoint_or_stop(run, t, lambda done_: steps.save(done_, val_loss))
+    return TrainResult(steps.final_params(), losses, run.counters.updates_done, run.out_dir,
+                       run.last_checkpoint)
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
