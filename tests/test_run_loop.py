@@ -6,7 +6,11 @@
 - The best validation loss: the lowest finite one; NaN / inf never become the best.
 - The checkpoint or stop after an update: saved when due, or when SIGTERM / SIGINT asked any rank
   to stop (then Preempted naming the checkpoint); a request after the last update saves nothing
-  extra. Negative controls: the agreement and the stop answer are what decide (a rank whose peers
+  extra.
+- The driver (`drive`) with framework steps that only record what they are asked: after every
+  update the counters, the metrics line, a due evaluation (then the schedule observes it, then the
+  save gets its val_loss), the checkpoint, in that order; a skipped update counted; a signal
+  inside an update stops the run after it. Negative controls: the agreement and the stop answer are what decide (a rank whose peers
   answer "no" keeps training; an agreement that says "all fine" opens the run).
 
 The trainers' own runs of these paths: tests/test_preemption.py, tests/test_run_dir.py,
@@ -26,7 +30,14 @@ import pytest
 from conformance.config import load_config
 from conformance.errors import PathError, Preempted, TwinstepError
 from conformance.run import loop
-from conformance.run.loop import checkpoint_or_stop, open_on_every_rank, record_evaluation
+from conformance.run.counters import Counters
+from conformance.run.loop import (
+    Update,
+    checkpoint_or_stop,
+    drive,
+    open_on_every_rank,
+    record_evaluation,
+)
 from conformance.run.metrics import evals, read_metrics
 from conformance.run.records import EvalTotals, eval_record
 from conformance.run.rundir import claim
@@ -159,3 +170,68 @@ def test_any_rank_asking_stops_every_rank(opened: Run, peers: bool, stops: bool)
     else:
         checkpoint_or_stop(opened, 0, lambda done: saved.append(done))
     assert saved == ([1] if stops else [])
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Framework steps that record what the driver asks of them, in order; update t reports
+    loss 10 - t, skipped when t is in `skip`, and validation loss 5 - t (9 after update 3)."""
+
+    device_name = None
+
+    def __init__(self, run: Run, skip: tuple[int, ...] = (), stop_in: int | None = None) -> None:
+        self.run, self.skip, self.stop_in, self.calls = run, skip, stop_in, []
+
+    def update(self, t: int) -> Update:
+        self.calls.append(("update", t))
+        if t == self.stop_in:
+            self.run.preemption.signum = signal.SIGTERM  # as if SIGTERM arrived during update t
+        skipped = t in self.skip
+        info = {"loss": 10.0 - t, "grad_norm": 1.0, "skipped": skipped, "loss_scale": None,
+                "schedule_advanced": not skipped}
+        return Update(self.run.data.window(t), info, [0.1], 0.0, 0.0)
+
+    def evaluate(self, t: int) -> EvalTotals:
+        self.calls.append(("evaluate", t))
+        return EvalTotals(loss_sum=(5.0 - t if t != 3 else 9.0) * 2, count=2.0)
+
+    def observe(self, record: Any) -> None:
+        self.calls.append(("observe", record["update"]))
+
+    def save(self, updates_done: int, val_loss: float | None) -> Path:
+        self.calls.append(("save", updates_done, val_loss))
+        return self.run.out_dir / f"saved-{updates_done}"
+
+    def peak_memory_bytes(self) -> int:
+        return 1234
+
+    def final_params(self) -> dict[str, Any]:
+        self.calls.append(("final",))
+        return {"w": 1.0}
+
+
+def test_the_driver_decides_in_one_order_after_every_update(opened: Run) -> None:
+    steps = Recorder(opened, skip=(2,))
+    result = drive(opened, steps)
+    # config(every=2), eval_every = 2: after updates 1, 3, 5 an evaluation, then a save
+    assert steps.calls == [
+        ("update", 0), ("update", 1), ("evaluate", 1), ("observe", 1), ("save", 2, 4.0),
+        ("update", 2), ("update", 3), ("evaluate", 3), ("observe", 3), ("save", 4, 9.0),
+        ("update", 4), ("update", 5), ("evaluate", 5), ("observe", 5), ("save", 6, 0.0), ("final",)]
+    assert result.losses == [10.0, 9.0, 8.0, 7.0, 6.0, 5.0] and result.updates_done == UPDATES
+    assert result.checkpoint == opened.out_dir / "saved-6" and result.params == {"w": 1.0}
+    # the skipped update 2 is counted and does not move the schedule (negative control: skip=())
+    assert opened.counters == Counters(UPDATES, UPDATES - 1, 1, 0, 0.0)
+    opened.metrics.close()
+    lines = read_metrics(opened.out_dir / "metrics.jsonl")
+    assert [(r["event"], r["update"]) for r in lines][:4] == [("update", 0), ("update", 1), ("eval", 1), ("update", 2)]
+    assert all(r["peak_memory_bytes"] == 1234 for r in lines if r["event"] == "update")
+
+
+def test_the_driver_stops_after_the_update_a_signal_interrupted(opened: Run) -> None:
+    steps = Recorder(opened, stop_in=2)
+    with pytest.raises(Preempted, match="stopped by SIGTERM after update 3 of 6"):
+        drive(opened, steps)
+    assert steps.calls[-2:] == [("update", 2), ("save", 3, None)] and opened.counters.updates_done == 3
