@@ -1,8 +1,10 @@
 """optax GradientTransformations for the clipping rules optax lacks (torch's eps, p-norms, per leaf).
 
-`clip_transform(spec)` returns optax's own transform where it computes exactly the spec's rule
-(optax.clip for clip_value; optax.clip_by_global_norm for eps = 0 with the 2-norm) and a custom
-stateless transform otherwise, so it composes in an optax.chain:
+`clip_with_norm(spec, grads, norm)` is the trainer's update's choice of rule, by mode, in one
+place (the torch counterpart: ref_torch._clip_transforms). `clip_transform(spec)` returns optax's
+own transform where it computes exactly the spec's rule (optax.clip for clip_value;
+optax.clip_by_global_norm for eps = 0 with the 2-norm) and a custom stateless transform
+otherwise, so it composes in an optax.chain:
 
     tx = optax.chain(clip_transform(spec), optax.adamw(1e-3))
 """
@@ -84,3 +86,12 @@ def clip_transform(spec: ClipSpec) -> optax.GradientTransformation:
     if spec.eps == 0 and spec.norm_type == 2:
         return optax.clip_by_global_norm(spec.max_norm)
     return clip_by_global_norm_torch(spec.max_norm, spec.eps, spec.norm_type)
+
+
+def clip_with_norm(spec: ClipSpec, grads: Any, norm: Any) -> Any:
+    """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
+    global-norm rule reuses (torch's clip_grad_norm_ computes it once too). Pure: new arrays."""
+    if spec.mode == "global_norm":
+        return jax.tree.map(lambda g: scale_by_norm(g, norm, spec.max_norm, spec.eps), grads)
+    clip = clip_transform(spec)
+    return clip.update(grads, clip.init(grads))[0]

@@ -27,7 +27,7 @@ import optax
 from conformance.config.accumulation import AccumulationSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
-from ref_jax._clip_transforms import clip_transform, scale_by_norm
+from ref_jax._clip_transforms import clip_with_norm
 from ref_jax.accumulation import accumulate_gradients
 from ref_jax.clipping import check_norm, total_norm
 from ref_jax.optimizers import set_group_hyperparams
@@ -86,14 +86,6 @@ def _with_hyperparams(opt_state: Any, hyperparams: Hyperparams) -> Any:
     return opt_state
 
 
-def _clip(spec: ClipSpec, grads: Any, norm: Any) -> Any:
-    # The global-norm rule reuses the pre-clip norm (torch's clip_grad_norm_ computes it once too).
-    if spec.mode == "global_norm":
-        return jax.tree.map(lambda g: scale_by_norm(g, norm, spec.max_norm, spec.eps), grads)
-    clip = clip_transform(spec)
-    return clip.update(grads, clip.init(grads))[0]
-
-
 def make_update_step(
     specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any],
 ) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
@@ -116,7 +108,7 @@ def make_update_step(
         loss_ok = jnp.all(jnp.isfinite(out.loss))
         finite = grads_ok & loss_ok
         norm = total_norm(grads, specs.clip.norm_type)  # no host check inside the step
-        clipped = _clip(specs.clip, grads, norm)
+        clipped = clip_with_norm(specs.clip, grads, norm)
         opt_state = _with_hyperparams(state.opt_state, hyperparams)
         updates, new_opt = tx.update(clipped, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
