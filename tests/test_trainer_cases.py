@@ -4,6 +4,7 @@ incomplete window divided by the configured steps) and must fail them."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_train_cases_pass(trainer: Trainer, name: str) -> None:
 def _jax_steps_the_schedule_on_skips(monkeypatch: pytest.MonkeyPatch) -> None:
     # the compiled step moves the schedule position itself (ref_jax._train_step): build it as if
     # schedule_on_skip were "advance"
-    import ref_jax.trainer as jt
+    import ref_jax._steps as jt  # the trainer's framework steps build the compiled step
 
     real = jt.make_train_step
 
@@ -56,7 +57,7 @@ def test_schedule_stepped_on_skipped_updates_is_caught(trainer: Trainer, monkeyp
 
 
 def test_injection_ignored_is_caught(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trainer.module, "injected", lambda config, t: False)
+    monkeypatch.setattr(importlib.import_module(f"ref_{trainer.name}._steps"), "injected", lambda config, t: False)
     result = run_case(_case("fp16-injected-overflows"), Backend(trainer.name))
     assert not result.passed
 

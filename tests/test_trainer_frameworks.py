@@ -33,18 +33,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_torch_evaluation_that_leaves_eval_mode_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The negative control of test_evaluation_does_not_disturb_training: an evaluation that forgets
     model.train() trains on without dropout, and the trajectory changes."""
+    from ref_torch import _steps
     from ref_torch import trainer as tr
 
     base = gpt_dropout(tmp_path)
     quiet = tr.train(cfg(base, "run.eval_every=0"), tmp_path / "a", progress="none")
-    real = tr._evaluate
+    real = _steps._evaluate
 
     def stays_in_eval_mode(config, run_, model, device, dtype, *rest):
         out = real(config, run_, model, device, dtype, *rest)
         model.eval()
         return out
 
-    monkeypatch.setattr(tr, "_evaluate", stays_in_eval_mode)
+    monkeypatch.setattr(_steps, "_evaluate", stays_in_eval_mode)
     broken = tr.train(cfg(base, "run.eval_every=1"), tmp_path / "c", progress="none")
     assert not all(np.array_equal(quiet.params[k], broken.params[k]) for k in quiet.params)
 
@@ -172,7 +173,7 @@ def test_jax_padded_window_check_catches_a_wrong_divisor() -> None:
 
 
 def test_jax_compiles_one_step_and_donates_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ref_jax.trainer as jt
+    import ref_jax._steps as jt  # the trainer's framework steps build the compiled step
 
     seen: dict[str, Any] = {"donated": []}
     real = jt.make_train_step
