@@ -80,7 +80,7 @@ def drive(run: Run, steps: Steps) -> TrainResult:
             extra = {"peak_memory_bytes": steps.peak_memory_bytes(),
                      **throughput_extras(run.config, run, done.window, done.data_s + done.compute_s,
                                          steps.device_name)}
-            run.metrics.log_update(update_record(run, t, done.window, dict(info), done.lrs, done.data_s,
+            run.metrics.log_update(update_record(run, t, done.window, info, done.lrs, done.data_s,
                                                  done.compute_s, **extra))
         val_loss = None
         if eval_due(run, t):

@@ -5,6 +5,7 @@ and checkpoint, and the JSON half of a checkpoint.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +19,7 @@ def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def update_record(run: Run, t: int, window: Window, info: dict[str, Any], lrs: list[float],
+def update_record(run: Run, t: int, window: Window, info: Mapping[str, Any], lrs: list[float],
                   data_time_s: float, compute_time_s: float, **extra: Any) -> dict[str, Any]:
     """One `update` line of metrics.jsonl (docs/contract.md §5). `info`: loss, grad_norm, skipped,
     loss_scale (None when unscaled). A non-finite grad_norm of a skipped update is logged as null."""
