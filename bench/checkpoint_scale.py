@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
     from conformance.run.session import open_run
     from ref_torch import _fsdp, _model, _train_state
     from ref_torch import _parallel as ddp
-    from ref_torch.checkpoint import _to_numpy
+    from ref_torch._arrays import native_numpy
     from ref_torch.optimizers import build_optimizer
     from ref_torch.precision import LossScaler
 
@@ -91,12 +91,12 @@ def worker(args: argparse.Namespace) -> None:
     full_state = sum(p.numel() * p.element_size() * 3 for p in tensors.params.values())
 
     def gather_save(update: int) -> None:  # the pre-issue-15 path: whole tensors to rank 0
-        weights = {n: _to_numpy(_fsdp.full(t.detach())) for n, t in tensors.all().items()}
+        weights = {n: native_numpy(_fsdp.full(t.detach())) for n, t in tensors.all().items()}
         opt = {}
         for name, p in tensors.params.items():
             st = optimizer.state[p]
-            opt[name] = {"m": _to_numpy(_fsdp.full(st["exp_avg"])), "v": _to_numpy(_fsdp.full(st["exp_avg_sq"])),
-                         "step": _to_numpy(st["step"]).astype("int64").reshape(())}
+            opt[name] = {"m": native_numpy(_fsdp.full(st["exp_avg"])), "v": native_numpy(_fsdp.full(st["exp_avg_sq"])),
+                         "step": native_numpy(st["step"]).astype("int64").reshape(())}
         if rank == 0:
             from conformance.checkpoint import TrainingState, save_checkpoint
 

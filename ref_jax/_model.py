@@ -33,7 +33,8 @@ from conformance.data import DataInfo
 from conformance.errors import CheckpointError, InputError
 from conformance.rules.names import neutral_names
 from ref_jax import backend
-from ref_jax.models import _set_autocast, build_model, functional, named_parameters
+from ref_jax._nnx import set_autocast
+from ref_jax.models import build_model, functional, named_parameters
 
 
 class Model(NamedTuple):
@@ -67,7 +68,7 @@ def _cast(value: Any, dtype: Any) -> Any:
 def _builtin(config: Config, info: DataInfo, dtype: Any) -> Model:
     module = build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype)
     if config.precision.autocast:  # torch.autocast's semantics, op by op, over float32 master weights
-        _set_autocast(module, backend.framework_dtype(config.precision.compute_dtype))
+        set_autocast(module, backend.framework_dtype(config.precision.compute_dtype))
     f = functional(module)
 
     def apply(params: Any, state: Any, x: Any, key: Any, train: bool) -> tuple[Any, Any]:

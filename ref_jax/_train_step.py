@@ -73,7 +73,7 @@ def forward_loss(config: Config, apply: Callable[..., Any], policy: Policy, layo
     """(loss, model output, targets, model state) of one micro-batch {"data": entries, "mask"}: the
     forward pass on data[inputs] (under autocast for a half compute dtype: the built-in models
     compute their linear maps in the Policy's compute dtype from float32 master weights,
-    ref_jax.models._set_autocast), outputs cast to the Policy's output dtype, then `[loss]` against
+    ref_jax._nnx.set_autocast), outputs cast to the Policy's output dtype, then `[loss]` against
     data[targets] with padding rows masked out, or loss_fn. A language model's logits (B, T, V)
     meet targets as (B·T, V) against (B·T,)."""
     data, rows = mb["data"], mb["mask"]

@@ -24,7 +24,8 @@ from conformance.checkpoint import check_tensors
 from conformance.checkpoint.files import load_tensors, save_tensors
 from conformance.checkpoint.rng import capture_host_rng, restore_host_rng
 from conformance.errors import CheckpointError
-from ref_jax.models import _paths, named_parameters
+from ref_jax._nnx import param_paths
+from ref_jax.models import named_parameters
 
 __all__ = [
     "capture_rng", "export_weights", "import_weights", "load_model_state", "model_state", "restore_rng",
@@ -41,7 +42,7 @@ def load_model_state(model: Any, tensors: dict[str, np.ndarray]) -> None:
     otherwise CheckpointError names the first offending tensor and nothing is changed."""
     params = named_parameters(model)
     check_tensors({n: (tuple(p.shape), jnp.dtype(p.dtype).name) for n, p in params.items()}, tensors)
-    paths = _paths(model)
+    paths = param_paths(model)
     # Keep each parameter where it lives (device or sharding) while replacing its value.
     updates = [(paths[n], jax.device_put(np.asarray(tensors[n]), getattr(p, "sharding", None)))
                for n, p in params.items()]

@@ -30,6 +30,7 @@ from conformance.rules.models import (
     model_dims,
     param_shapes,
 )
+from ref_jax._nnx import param_paths
 from ref_jax.backend import framework_dtype
 
 __all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "named_parameters"]
@@ -52,7 +53,7 @@ def _activation(name: str, x: Any) -> Any:
 
 
 def _linear(x: Any, w: Any, b: Any, autocast: Any) -> Any:
-    """x @ w.T + b. Under autocast (a half dtype, see _set_autocast) as torch.autocast's linear:
+    """x @ w.T + b. Under autocast (a half dtype, see ref_jax._nnx.set_autocast) as torch.autocast's linear:
     input, weight and bias in that dtype, float32 accumulation, one rounding after the bias."""
     if autocast is None:
         y = x @ w.T
@@ -218,25 +219,6 @@ def _make(spec: ModelSpec, info: DataInfo | None, dtype: Any) -> nnx.Module:
     return GPT(dims.vocab_size, dims.block_size, spec.n_layer, spec.n_head, spec.n_embd, spec.dropout, spec.bias, dtype)
 
 
-def _set_autocast(model: nnx.Module, dtype: Any) -> None:
-    """Run the model as torch.autocast(dtype) runs its twin (dtype bfloat16 or float16; None: off):
-    parameters stay in their dtype; every linear map (and the lm_head) computes in `dtype` with
-    float32 accumulation; activations, LayerNorm and attention take half inputs in float32 and
-    round once; embeddings and the residual stream keep the parameters' dtype."""
-    for _, module in nnx.iter_modules(model):
-        if hasattr(module, "autocast"):
-            module.autocast = dtype
-
-
-def _paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:
-    # nnx state path -> neutral name: join with "."; the mlp's nnx.List is called `layers`.
-    found = {}
-    for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        parts = [str(p) for p in path]
-        found[".".join(parts[1:] if isinstance(model, MLP) else parts)] = tuple(path)
-    return {name: found[name] for name in model.param_names}
-
-
 def _check_dtype(dtype: str) -> Any:
     dt = framework_dtype(dtype)
     if jax.dtypes.canonicalize_dtype(dt) != jnp.dtype(dt):  # x64 off: float64 would silently become float32
@@ -246,7 +228,7 @@ def _check_dtype(dtype: str) -> Any:
 
 
 def _load(model: nnx.Module, params: dict[str, Any], dt: Any) -> None:
-    paths = _paths(model)
+    paths = param_paths(model)
     nnx.update(model, nnx.from_flat_state([(paths[n], jnp.asarray(np.asarray(params[n]), dt)) for n in paths]))
 
 
@@ -264,7 +246,7 @@ def build_model(spec: ModelSpec, info: DataInfo | None, seed: int = 0, dtype: st
 
 def named_parameters(model: Any) -> dict[str, Any]:
     """The model's parameters by neutral name, in the canonical order (tied weights once)."""
-    paths = _paths(model)
+    paths = param_paths(model)
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     return {name: flat[path][...] for name, path in paths.items()}
 
@@ -273,7 +255,7 @@ def functional(model: Any) -> Callable[..., Any]:
     """The model as a pure function f(params, x, key=None) of a {name: array} dict. On JAX `key`
     drives dropout (None: no dropout); torch draws dropout from its generator in train mode."""
     graphdef, _ = nnx.split(model, nnx.Param)
-    paths = _paths(model)
+    paths = param_paths(model)
 
     def apply(params: dict[str, Any], x: Any, key: Any = None) -> Any:
         state = nnx.from_flat_state([(paths[n], params[n]) for n in paths])

@@ -32,7 +32,7 @@ def closure_loss(closure: Any) -> Any:
         return closure()
 
 
-class _Foreach(Optimizer):
+class Foreach(Optimizer):
     """Collects the parameters with a gradient, creates their state lazily and calls `_update`."""
 
     STATE: tuple[str, ...] = ()
@@ -119,7 +119,7 @@ class DecoupledAdamax(DecoupledDecay, torch.optim.Adamax):
     """torch.optim.Adamax with decoupled weight decay."""
 
 
-class Lion(_Foreach):
+class Lion(Foreach):
     """Lion (Chen et al. 2023) as lucidrains/lion-pytorch and optax.lion compute it:
     p ← p·(1 − lr·wd); p ← p − lr·sign(β1·m + (1−β1)·g); m ← β2·m + (1−β2)·g."""
 
@@ -146,7 +146,7 @@ class Lion(_Foreach):
         torch._foreach_add_(m, grads, alpha=1 - b2)
 
 
-class AdamVariants(_Foreach):
+class AdamVariants(Foreach):
     """Adam/AdamW with optax's options: eps_root inside the square root, and AMSGrad variants
     ("torch": max of raw v, bias-corrected; "optax": max of the bias-corrected v; "optax_raw":
     max of raw v, no correction), and Keras's eps_hat (eps on the raw sqrt(v), the bias
@@ -196,7 +196,7 @@ class AdamVariants(_Foreach):
             p.addcdiv_(mi, denom, value=-group["lr"] / bc1)
 
 
-class RMSpropEpsInSqrt(_Foreach):
+class RMSpropEpsInSqrt(Foreach):
     """RMSprop with optax's eps inside the square root: g / sqrt(v + eps) (centered: v − ḡ²);
     otherwise torch.optim.RMSprop (momentum buffer b ← μb + g/s, p ← p − lr·b)."""
 
@@ -239,7 +239,7 @@ class RMSpropEpsInSqrt(_Foreach):
             torch._foreach_addcdiv_(params, grads, avg, value=-group["lr"])
 
 
-class AdagradEpsInSqrt(_Foreach):
+class AdagradEpsInSqrt(Foreach):
     """Adagrad with optax's eps inside the square root (optax.scale_by_rss): g·rsqrt(S + eps), 0
     where S = 0; lr_decay and initial_accumulator_value as torch.optim.Adagrad."""
 
@@ -267,7 +267,7 @@ class AdagradEpsInSqrt(_Foreach):
                 p.addcdiv_(g, s["sum"].sqrt().add_(group["eps"]), value=-clr)
 
 
-class AdamaxEpsHat(_Foreach):
+class AdamaxEpsHat(Foreach):
     """Adamax with Keras's eps placement: u ← max(β2·u, |g|), p ← p − lr/(1−β1ᵗ)·m/(u + ε)
     (torch.optim.Adamax adds ε inside the max)."""
 
@@ -290,7 +290,7 @@ class AdamaxEpsHat(_Foreach):
             p.addcdiv_(s["exp_avg"], s["exp_inf"] + group["eps"], value=-clr)
 
 
-class NAdamEpsHat(_Foreach):
+class NAdamEpsHat(Foreach):
     """torch.optim.NAdam (Dozat's momentum schedule, mu_product per parameter) with Keras's eps
     placement: ε on the raw √v, √(1−β2ᵗ) in the step sizes."""
 

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from conformance.errors import InputError
-from ref_torch._elementwise import _Foreach
+from ref_torch._elementwise import Foreach
 
 
-class ScheduleFree(_Foreach):
+class ScheduleFree(Foreach):
     """The common part: averaging weights, warm-up, the y and z sequences, train()/eval() switches."""
 
     BETA = "momentum"

@@ -33,7 +33,8 @@ from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
 from ref_torch._schedules import MetricPlateau, load_plateau
 from ref_torch.backend import describe
-from ref_torch.checkpoint import _to_numpy, restore_rng
+from ref_torch._arrays import native_numpy
+from ref_torch.checkpoint import restore_rng
 from ref_torch.ema import export_ema, import_ema
 from ref_torch.optimizers import (
     export_state,
@@ -98,7 +99,7 @@ def _save_sharded(run: Run, updates_done: int, objs: Objects, device: torch.devi
 
 def whole(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
     """Whole tensors as NumPy in their own dtype (collective where FSDP shards them: every rank calls)."""
-    return {name: _to_numpy(_fsdp.full(t.detach())) for name, t in tensors.items()}
+    return {name: native_numpy(_fsdp.full(t.detach())) for name, t in tensors.items()}
 
 
 def load_tensors(tensors: dict[str, Any], saved: dict[str, np.ndarray]) -> None:

@@ -23,18 +23,12 @@ from conformance.checkpoint import check_tensors
 from conformance.checkpoint.files import load_tensors, save_tensors
 from conformance.checkpoint.rng import capture_host_rng, restore_host_rng
 from conformance.errors import CheckpointError
+from ref_torch._arrays import native_numpy
 from ref_torch.models import named_parameters
 
 __all__ = [
     "capture_rng", "export_weights", "import_weights", "load_model_state", "model_state", "restore_rng",
 ]
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: move the bits, then view them as ml_dtypes'
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-    return t.numpy().copy()
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -43,7 +37,7 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 def model_state(model: Any) -> dict[str, np.ndarray]:
     """The model's parameters as {neutral name: NumPy array} in their own dtype (a copy)."""
-    return {name: _to_numpy(p) for name, p in named_parameters(model).items()}
+    return {name: native_numpy(p) for name, p in named_parameters(model).items()}
 
 
 def load_model_state(model: Any, tensors: dict[str, np.ndarray]) -> None:

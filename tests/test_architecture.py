@@ -184,6 +184,20 @@ def offenders(rule: Rule, graph: list[Import], known: bool = False) -> list[str]
                    if within(i.module, rule.applies_to) and rule.forbidden(i.target) and _known(rule, i) == known})
 
 
+def private_names(root: Path, graph: list[Import]) -> list[str]:
+    """Imports of another module's private name (`from ref_torch.clipping import _scale_by_norm`):
+    a target in PACKAGES whose last part is private (one underscore) and is not itself a module; a
+    private module (`from ref_torch import _fsdp`) is a module's own business to import."""
+    found = []
+    for imp in graph:
+        last = imp.target.rpartition(".")[2]
+        path = root / imp.target.replace(".", "/")
+        if (within(imp.target, PACKAGES) and last.startswith("_") and not last.startswith("__")
+                and not path.with_suffix(".py").exists() and not path.is_dir()):
+            found.append(str(imp))
+    return sorted(found)
+
+
 def long_files(root: Path, dirs: Iterable[str] = SOURCE_DIRS, limit: int = MAX_LINES) -> list[str]:
     """Source files over `limit` lines, as 'path: N lines'."""
     return [f"{p.relative_to(root)}: {n} lines" for d in dirs for p in sorted((root / d).rglob("*.py"))
@@ -214,6 +228,18 @@ def test_import_rule(rule: Rule, graph: list[Import]) -> None:
 def test_known_offender_is_gone(rule: Rule, pair: tuple[str, str], graph: list[Import]) -> None:
     bad = offenders(rule._replace(known=(pair,)), graph, known=True)
     assert not bad, "; ".join(bad)
+
+
+def test_no_module_imports_another_modules_private_name(graph: list[Import]) -> None:
+    assert private_names(ROOT, graph) == []
+
+
+def test_negative_control_private_name(tmp_path: Path) -> None:
+    _write(tmp_path, {**CLEAN, "ref_torch/clipping.py": "def _scale_by_norm():\n    pass\n",
+                      "ref_torch/_fsdp.py": "", "ref_jax/_update.py": "", "ref_torch/_update.py":
+                      "from ref_torch import _fsdp\nfrom ref_torch.clipping import _scale_by_norm\n"})
+    assert private_names(tmp_path, import_graph(tmp_path)) == [
+        "ref_torch._update:2 imports ref_torch.clipping._scale_by_norm"]
 
 
 def test_no_source_file_over_400_lines() -> None:

@@ -179,10 +179,10 @@ def _write_all(tmp: Path, final: Path, update: int, payload: dict[str, bytes | T
     io.write_file(tmp, MANIFEST, manifest)
     io.fsync_dir(tmp)
     notify(events, "checkpoint", stage="after_manifest")
-    _commit(tmp, final)
+    commit_step(tmp, final)
 
 
-def _commit(tmp: Path, final: Path) -> None:
+def commit_step(tmp: Path, final: Path) -> None:
     # A directory rename cannot replace a non-empty one: move an old copy aside first; if we die in
     # between, prepare_directory() moves it back.
     aside = None
@@ -196,7 +196,7 @@ def _commit(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def _opened(path: Path) -> Iterator[int]:
+def opened_dir(path: Path) -> Iterator[int]:
     # The step directory opened without following a link: its files are then opened relative to
     # this descriptor, so no link on the way can lead out of it.
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -215,7 +215,7 @@ def _opened(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _read_manifest(path: Path, fd: int) -> dict[str, Any]:
+def read_manifest(path: Path, fd: int) -> dict[str, Any]:
     data = io.read_file(path / MANIFEST, MAX_MANIFEST_BYTES, dir_fd=fd)
     try:
         manifest = parse_manifest(data, path / MANIFEST, path.name)
@@ -241,8 +241,8 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
 def _is_complete(path: Path) -> dict[str, Any] | None:
     # Retention's quick check: a valid manifest and every file of the listed size (no hashing).
     try:
-        with _opened(path) as fd:
-            manifest = _read_manifest(path, fd)
+        with opened_dir(path) as fd:
+            manifest = read_manifest(path, fd)
             for name, entry in manifest["files"].items():
                 if os.lstat(name, dir_fd=fd).st_size != entry["size"]:
                     return None

@@ -6,7 +6,7 @@
 
 Every file the manifest lists must exist before any is read (a sharded checkpoint missing one rank's
 file is refused at once, naming it); each file is then read once through the directory's descriptor
-(no link followed, format._opened) and checked against its size and sha256 before it is parsed.
+(no link followed, format.opened_dir) and checked against its size and sha256 before it is parsed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from conformance.checkpoint import files as io
 from conformance.checkpoint.format import (
     Checkpoint,
     TrainingState,
-    _opened,
-    _read_manifest,
+    opened_dir,
+    read_manifest,
 )
 from conformance.checkpoint.manifest import SHARDED_FILES, SHARDED_VERSION
 from conformance.checkpoint.shards import ShardSet, split_tensors
@@ -50,8 +50,8 @@ def _verified_files(path: Path, lazy: bool = False) -> tuple[dict[str, Any], dic
     # Every listed file must be there before any is read (a sharded
     # checkpoint missing a rank's file is refused here); then each is read once and hashed. `lazy`:
     # of a sharded checkpoint only the small files (its tensor files are read on demand, ShardSet).
-    with _opened(path) as fd:
-        manifest = _read_manifest(path, fd)
+    with opened_dir(path) as fd:
+        manifest = read_manifest(path, fd)
         for name in sorted(manifest["files"]):
             try:
                 os.lstat(name, dir_fd=fd)  # kinds, owners, sizes: checked on reading
@@ -90,7 +90,7 @@ def load_checkpoint(path: str | Path, *, lazy: bool = False) -> Checkpoint:
     except UnicodeDecodeError:
         raise CheckpointCorruptError(f"{path / 'config.toml'} is not UTF-8 text") from None
     if _sharded(manifest):
-        shards = ShardSet(path, manifest, _opened)
+        shards = ShardSet(path, manifest, opened_dir)
         shards.preload({n: b for n, b in data.items() if n not in SHARDED_FILES})
         model, optimizer, ema = split_tensors(shards)
         if not lazy:

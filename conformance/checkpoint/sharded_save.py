@@ -37,8 +37,8 @@ import numpy as np
 from conformance.checkpoint import files as io
 from conformance.checkpoint.format import (
     TrainingState,
-    _commit,
     apply_retention,
+    commit_step,
     library_versions,
     step_name,
 )
@@ -158,7 +158,7 @@ def _commit_all(tmp: Path, final: Path, state: TrainingState, reports: list[dict
         io.write_file(tmp, MANIFEST, manifest)
         io.fsync_dir(tmp)
         notify(events, "checkpoint", stage="after_manifest")
-        _commit(tmp, final)
+        commit_step(tmp, final)
         return ""
     except (CheckpointError, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind

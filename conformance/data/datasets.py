@@ -119,7 +119,7 @@ def n_validation(n: int, fraction: float) -> int:
     return max(1, int(math.floor(n * fraction + 0.5)))
 
 
-def _random_split(n: int, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def random_split(n: int, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     # The last n_val of a seeded permutation; each part keeps the original sample order.
     order = random_order(seed, "split", n)
     return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
@@ -197,7 +197,7 @@ def _array_dataset(name: str, task: Task, x: np.ndarray, y: np.ndarray, n_val: i
     if split_seed is None:  # seed 000: the first samples train, the last n_val validate
         tr, va = np.arange(n - n_val), np.arange(n - n_val, n)
     else:
-        tr, va = _random_split(n, n_val, split_seed)
+        tr, va = random_split(n, n_val, split_seed)
     train, val = ArraySplit(x[tr], y[tr]), ArraySplit(x[va], y[va])
     n_out = n_classes if n_classes is not None else int(y.shape[1])
     for label, part in (("train", train), ("validation", val)):

@@ -25,8 +25,8 @@ from conformance.data.datasets import (
     DataInfo,
     Dataset,
     Task,
-    _random_split,
     n_validation,
+    random_split,
 )
 from conformance.data.sources import ArrayData, MapData, Subset, as_source, row_chunks
 from conformance.errors import InputError
@@ -51,7 +51,7 @@ def _sources(spec: DataSpec, data: Any, seed: int, where: str) -> tuple[MapData,
         raise InputError(f"data.val_fraction = {spec.val_fraction} leaves no training samples out of {len(full)}")
     if n_val == 0:
         return full, Subset(full, np.zeros(0, np.int64))
-    train, val = _random_split(len(full), n_val, seed)
+    train, val = random_split(len(full), n_val, seed)
     return Subset(full, train), Subset(full, val)
 
 

@@ -63,7 +63,7 @@ def model_dims(spec: ModelSpec, info: DataInfo | None) -> ModelDims:
     return ModelDims(dims[0], dims[1], None, None)
 
 
-def _mlp_layers(spec: ModelSpec, dims: ModelDims) -> list[tuple[str, int, int]]:
+def mlp_layers(spec: ModelSpec, dims: ModelDims) -> list[tuple[str, int, int]]:
     """(kind, in, out) of each nn.Sequential index of the mlp: linear / act / norm."""
     layers: list[tuple[str, int, int]] = []
     width = dims.in_features
@@ -87,7 +87,7 @@ def param_shapes(spec: ModelSpec, info: DataInfo | None) -> dict[str, tuple[int,
             shapes["bias"] = (dims.out_features,)
         return shapes
     if spec.name == "mlp":
-        for i, (kind, n_in, n_out) in enumerate(_mlp_layers(spec, dims)):
+        for i, (kind, n_in, n_out) in enumerate(mlp_layers(spec, dims)):
             if kind == "linear":
                 shapes[f"{i}.weight"] = (n_out, n_in)
             elif kind == "norm":
@@ -145,7 +145,7 @@ def _norm_prefixes(spec: ModelSpec, info: DataInfo | None) -> tuple[str, ...]:
             "transformer.ln_f.",
         )
     if spec.name == "mlp":
-        layers = _mlp_layers(spec, model_dims(spec, info))
+        layers = mlp_layers(spec, model_dims(spec, info))
         return tuple(f"{i}." for i, (kind, _, _) in enumerate(layers) if kind == "norm")
     return ()
 

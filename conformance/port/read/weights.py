@@ -27,8 +27,8 @@ from conformance.config.model import ModelSpec
 from conformance.errors import InputError
 from conformance.rules.models import (
     ModelDims,
-    _mlp_layers,
     dims_from_params,
+    mlp_layers,
     param_shapes,
 )
 
@@ -169,7 +169,7 @@ def _flax(spec: ModelSpec, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarr
     if spec.name == "gpt":
         return {re.sub(r"(^|\.)h_(\d+)\.", r"\1h.\2.", k if k.startswith("transformer.") else f"transformer.{k}"): v
                 for k, v in renamed.items()}
-    kinds = [kind for kind, _, _ in _mlp_layers(spec, ModelDims(1, 1, None, None))]  # kinds need no widths
+    kinds = [kind for kind, _, _ in mlp_layers(spec, ModelDims(1, 1, None, None))]  # kinds need no widths
     index = {"Dense": [i for i, k in enumerate(kinds) if k == "linear"],
              "LayerNorm": [i for i, k in enumerate(kinds) if k == "norm"]}
     out = {}
