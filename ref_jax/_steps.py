@@ -36,7 +36,7 @@ from ref_jax.ema import update_ema
 
 
 class Steps:
-    """The framework steps of a JAX run (conformance.run.loop.Steps): model, optimizer, schedule
+    """The framework steps of a run (conformance.run.loop.Steps): model, optimizer, schedule
     and loss scale built, then restored from run.checkpoint when resuming."""
 
     def __init__(self, run: Run, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> None:
@@ -69,6 +69,7 @@ class Steps:
                                 for b in (True, False))
 
     def update(self, t: int) -> Update:
+        """Run update t over run.data.window(t) (raising NonFiniteError under the policy)."""
         config, run, free = self.config, self.run, self.free
         window, arrays, data_s = self.prepared
         t0 = time.perf_counter()
@@ -88,6 +89,7 @@ class Steps:
         return Update(window, info, _lrs(out), data_s, max(time.perf_counter() - t0 - overlap, 0.0))
 
     def evaluate(self, t: int) -> EvalTotals:
+        """Validation sums after update t over every rank, with the weights evaluations see."""
         parts, state = self.parts, self.state
         self.evaluator = self.evaluator or make_eval_step(self.config, parts.apply, parts.policy, parts.layout,
                                                           self.place, self.loss_fn)
@@ -95,17 +97,21 @@ class Steps:
         return _evaluate(self.run, parts, self.place, self.evaluator, weights, state.update.model_state)
 
     def observe(self, record: Mapping[str, Any]) -> None:
+        """An evaluation's record, for a schedule that watches it (reduce_on_plateau)."""
         if self.plateau is not None:
             self.plateau = ts.plateau_observe(self.config, self.plateau, record[self.config.schedule.monitor])
             self.tables = self.place.put_replicated(ts.plateau_tables(self.parts, self.plateau))
 
     def save(self, updates_done: int, val_loss: float | None) -> Path | None:
+        """Checkpoint the state after `updates_done` updates; collective (rank 0's path, else None)."""
         return ts.save(self.run, self.place, self.state, self.key, updates_done, val_loss, self.plateau, self.average)
 
     def peak_memory_bytes(self) -> int:
+        """The accelerator's peak bytes in use so far (the CPU: the process's peak RSS)."""
         return _peak_memory(jax.local_devices()[0])
 
     def final_params(self) -> dict[str, Any]:
+        """The training weights as NumPy arrays by neutral name, once the last update is done."""
         state = self.to_y(self.state) if self.free else self.state  # the training weights (schedule-free: y)
         self.state = state
         self.parts.write_back(state.update.params, state.update.model_state or {})  # a user's NNX module holds it

@@ -46,7 +46,7 @@ class Given(NamedTuple):
 
 
 class Steps:
-    """The framework steps of a torch run (conformance.run.loop.Steps): model, optimizer, schedule
+    """The framework steps of a run (conformance.run.loop.Steps): model, optimizer, schedule
     and loss scale built, then restored from run.checkpoint when resuming."""
 
     def __init__(self, run: Run, device: torch.device, given: Given) -> None:
@@ -90,6 +90,7 @@ class Steps:
         self.plain = _plain_loss(self.batch_loss)  # one process, nobody watching, nothing injected: the lean call
 
     def update(self, t: int) -> Update:
+        """Run update t over run.data.window(t) (raising NonFiniteError under the policy)."""
         config, run, params, optimizer = self.config, self.run, self.params, self.optimizer
         t0 = time.perf_counter()
         window = run.data.window(t)  # the data position is the update count: a pure function of t
@@ -110,21 +111,26 @@ class Steps:
         return Update(window, info._asdict(), lrs, t1 - t0, time.perf_counter() - t1)
 
     def evaluate(self, t: int) -> EvalTotals:
+        """Validation sums after update t over every rank, with the weights evaluations see."""
         with _evaluation_weights(self.config, self.objs):
             return _evaluate(self.config, self.run, self.objs.model, self.device, self.pdtype, self.given.loss_fn)
 
     def observe(self, record: Mapping[str, Any]) -> None:
+        """An evaluation's record, for a schedule that watches it (reduce_on_plateau)."""
         if self.observing:
             self.scheduler.step(record[self.config.schedule.monitor])
 
     def save(self, updates_done: int, val_loss: float | None) -> Path | None:
+        """Checkpoint the state after `updates_done` updates; collective (rank 0's path, else None)."""
         state = plateau.to_json(plateau_state(self.scheduler)) if self.observing else None
         return _train_state.save_checkpoint(self.run, updates_done, self.objs, self.device, val_loss, state)
 
     def peak_memory_bytes(self) -> int:
+        """The accelerator's peak bytes in use so far (the CPU: the process's peak RSS)."""
         return rt.peak_memory_bytes(self.device)
 
     def final_params(self) -> dict[str, Any]:
+        """The training weights as NumPy arrays by neutral name, once the last update is done."""
         to_train_point(self.optimizer, self.params)  # the training weights (a schedule-free optimizer's y)
         return _train_state.final_params(self.objs)
 

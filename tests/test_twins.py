@@ -243,3 +243,39 @@ def test_the_comparison_flags_each_aspect(tmp_path: Path) -> None:
         if not surface_differences(base, mutant) or not surface_differences(mutant, base):
             missed.append(aspect)
     assert missed == []
+
+
+def _protocol_methods(cls: type) -> list[str]:
+    return [k for k, v in vars(cls).items() if not k.startswith("_") and inspect.isfunction(v)]
+
+
+def steps_differences(torch_steps: type, jax_steps: type, protocol: type) -> list[str]:
+    """How the two trainers' framework steps differ from each other or from the driver's protocol:
+    the same public methods in the same order, each with the protocol's signature and docstring."""
+    out = _compare_classes("Steps", torch_steps, jax_steps)
+    want = _protocol_methods(protocol)
+    for cls in (torch_steps, jax_steps):
+        if _protocol_methods(cls) != want:
+            out.append(f"{cls.__module__}.Steps: methods {_protocol_methods(cls)}, the protocol's {want}")
+        out += [f"{cls.__module__}.Steps.{n}: not the protocol's docstring" for n in want
+                if n in vars(cls) and _doc(vars(cls)[n]) != _doc(vars(protocol)[n])]
+    return out
+
+
+def test_the_framework_steps_are_twins_of_the_drivers_protocol() -> None:
+    from conformance.run.loop import Steps as Protocol
+    t, j = importlib.import_module("ref_torch._steps"), importlib.import_module("ref_jax._steps")
+    assert _doc(t) == _doc(j)
+    assert steps_differences(t.Steps, j.Steps, Protocol) == []
+
+
+def test_negative_control_steps_that_differ_are_seen() -> None:
+    from conformance.run.loop import Steps as Protocol
+    t, j = importlib.import_module("ref_torch._steps"), importlib.import_module("ref_jax._steps")
+    silent = type("Steps", (), {**{k: v for k, v in vars(j.Steps).items() if k != "observe"},
+                                "observe": lambda self, record: None})
+    found = steps_differences(t.Steps, silent, Protocol)
+    assert any("Steps.observe: docstrings differ" in f for f in found)
+    assert any("observe: not the protocol's docstring" in f for f in found)
+    reordered = type("Steps", (), {"save": j.Steps.save, **{k: v for k, v in vars(j.Steps).items() if k != "save"}})
+    assert any("methods" in f for f in steps_differences(t.Steps, reordered, Protocol))
