@@ -82,6 +82,57 @@ def test_verify_names_what_is_refused_and_what_to_do(run: Path, tmp_path: Path, 
     assert code == 0 and "refused" in lines[0] and "val_loss" in lines[1]
 
 
+
+def _rotating(monkeypatch: pytest.MonkeyPatch, step: Path, mid_read: bool) -> None:
+    """The run's keep_last = 2 rotates `step` away while verify reads it: before its first file
+    is opened (`mid_read`: after the manifest, with the directory's descriptor already open)."""
+    from conformance.checkpoint import files
+    from conformance.cli import checkpoint as cli_checkpoint
+
+    original_read, original_load = files.read_file, cli_checkpoint.load_valid
+
+    def read_file(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        if mid_read and path.parent == step and path.name != "manifest.json" and step.exists():
+            ck.apply_retention(step.parent, keep_last=2)
+        return original_read(path, *args, **kwargs)
+
+    def load_valid(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if not mid_read and path == step:
+            ck.apply_retention(step.parent, keep_last=2)
+        return original_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "read_file", read_file)
+    monkeypatch.setattr(cli_checkpoint, "load_valid", load_valid)
+
+
+@pytest.mark.parametrize("mid_read", [False, True], ids=["after-listing", "mid-read"])
+def test_verify_during_rotation_says_removed_and_exits_0(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch, mid_read: bool) -> None:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    oldest = out / "checkpoints" / ck.step_name(2)
+    _rotating(monkeypatch, oldest, mid_read)
+    code, lines = cli(capsys, "verify", str(out))
+    assert not oldest.exists()  # the rotation did happen inside the read
+    assert code == 0 and len(lines) == 3 and lines[0].endswith("verified (--resume continues from it)")
+    assert lines[2] == f"{oldest}: removed while being read (the run's checkpoint.keep_last rotated it away)"
+    code, lines = cli(capsys, "list", str(out))
+    assert code == 0 and len(lines) == 2  # nothing left to rotate: listed, both verified
+
+
+def test_negative_control_a_present_checkpoint_missing_a_file_is_refused(run: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    oldest = out / "checkpoints" / ck.step_name(2)
+    (oldest / "model.safetensors").unlink()  # the same error a rotation gives, but the checkpoint is still there
+    code, lines = cli(capsys, "verify", str(out))
+    assert code == 1 and "refused: " in lines[2] and "model.safetensors does not exist" in lines[2]
+
 def test_a_missing_run_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()
     assert main(["checkpoint", "verify", str(tmp_path / "nope")]) == 2

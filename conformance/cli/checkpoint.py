@@ -7,13 +7,16 @@ RUN_DIR is a run's output directory, its checkpoints/ directory, or one step-* d
 checkpoint gets the check a resume makes (conformance.run.resume.load_valid: the hashes, the
 manifest's own hash and schema, every field of the state); nothing is restored or changed. The
 newest checkpoint that verifies is the one `--resume` continues from; when it is not the newest,
-the line says so, with the flag that allows it (`checkpoint.allow_fallback`). `verify` exits 1 when
-any checkpoint is refused, `list` always 0.
+the line says so, with the flag that allows it (`checkpoint.allow_fallback`). A checkpoint that
+disappears while it is read was rotated away by the run's keep_last (retention moves a checkpoint
+aside before deleting it): its line says so and it counts as removed, not refused. `verify` exits 1
+when a checkpoint still present is refused, `list` always 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -62,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             loaded = load_valid(step)
         except CheckpointError as exc:
-            refused += 1
-            status, manifest = f"refused: {exc}", None
+            manifest = None
+            if os.path.lexists(step):
+                refused += 1
+                status = f"refused: {exc}"
+            else:  # moved aside by retention while it was read: a healthy run's rotation, not damage
+                status = "removed while being read (the run's checkpoint.keep_last rotated it away)"
         else:
             manifest = loaded.manifest
             status = "verified"
