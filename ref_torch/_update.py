@@ -19,6 +19,7 @@ import torch
 from conformance.config.accumulation import AccumulationSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
+from conformance.errors import NonFiniteError
 from ref_torch._clip_transforms import clip_with_norm
 from ref_torch._parallel import World
 from ref_torch.accumulation import accumulate_gradients
@@ -113,13 +114,30 @@ def apply_update(
         if specs.clip.mode != "none" and not math.isfinite(norm_v):  # overflowed on finite gradients
             check_norm(specs.clip, norm, grads)  # error_if_nonfinite: raise naming the first bad one
         clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
-        optimizer.step()
+        _step(optimizer, update)
     if scaling:
         scaler.update(torch.tensor(finite))
     advanced = specs.precision.schedule_advances(not finite)
     if scheduler is not None and advanced:
         scheduler.step()
     return skips, UpdateInfo(loss_v, norm_v, not finite, scale_v, advanced)
+
+
+def _step(optimizer: torch.optim.Optimizer, update: int | None) -> None:
+    """optimizer.step(); a step scalar the hyper-parameters make too large for the parameters' dtype
+    (Adam's lr / (1 - beta1^t) with lr near float32's largest value) is a non-finite step, refused as
+    one, where torch would stop with its own RuntimeError."""
+    try:
+        optimizer.step()
+    except RuntimeError as exc:
+        if "without overflow" not in str(exc):
+            raise
+        dtype = str(next(p.dtype for g in optimizer.param_groups for p in g["params"])).removeprefix("torch.")
+        lrs = ", ".join(f"{g['lr']:g}" for g in optimizer.param_groups)
+        where = "" if update is None else f"update {update}: "
+        raise NonFiniteError(f"{where}the optimizer step overflows {dtype} with lr {lrs}: a step scalar derived "
+                             f"from the hyper-parameters is too large for {dtype}; lower optimizer.lr, or train "
+                             f"in float64") from None
 
 
 def _to_host(values: list[Any]) -> list[float]:

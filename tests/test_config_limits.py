@@ -8,6 +8,10 @@
 - Cross-field checks on both trainers (conformance/run/preflight.py): batch_size larger than the
   training set, a cosine eta_min above the lr, inject_nonfinite past the end of the run.
 - A run that ends non-finite is not a success.
+- A float hyper-parameter the parameters' dtype cannot hold (lr 1e39 in a float32 run, an eps that
+  rounds to 0) is refused by the config, naming the field, on both trainers; a step scalar the
+  hyper-parameters make too large (Adam's lr / (1 - beta1) near float32's largest value) stops the
+  run with one line, exit 2, on both.
 
 Each refusal has its positive control: the value at the edge of the range is accepted.
 """
@@ -162,7 +166,8 @@ def test_cross_field_edges_are_accepted(capsys: pytest.CaptureFixture, tmp_path:
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_run_ending_with_non_finite_parameters_is_not_a_success(capsys: pytest.CaptureFixture, tmp_path: Path,
                                                                  framework: str) -> None:
-    assert train(capsys, tmp_path, framework, "optimizer.lr=1e308") == 2
+    # float64: lr 1e308 is a number the parameters' dtype holds, and the update overflows them
+    assert train(capsys, tmp_path, framework, "optimizer.lr=1e308", "precision.dtype=\"float64\"") == 2
     *warned, last = capsys.readouterr().err.strip().splitlines()  # JAX: NumPy's overflow warnings, one line each
     assert last.startswith("twinstep: error: the run ended with non-finite parameter")
     assert all(w.startswith("twinstep: warning: ") for w in warned) and "Traceback" not in last
@@ -172,3 +177,38 @@ def test_skipped_updates_are_counted_in_the_summary(capsys: pytest.CaptureFixtur
     assert train(capsys, tmp_path, "torch", "run.inject_nonfinite=[1, 3]") == 0  # skip: the policy asked for it
     err = capsys.readouterr().err
     assert "2 of 4 updates skipped (non-finite)" in err and "last loss inf" in err
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("sets, message", [
+    (("optimizer.lr=1e39",), "optimizer.lr = 1e+39 does not fit float32"),
+    (("optimizer.name=\"sgd\"", "optimizer.lr=1e308"), "optimizer.lr = 1e+308 does not fit float32"),
+    (("precision.dtype=\"bfloat16\"", "optimizer.groups=[{params = [\"0.*\"], weight_decay = -0.0, lr = 4e38}]"),
+     "optimizer.groups[0].lr = 4e+38 does not fit float32"),
+    (("optimizer.eps=1e-50",), "optimizer.eps = 1e-50 rounds to 0 in float32"),
+    (("optimizer.betas=[0.9, 1e-46]",), "optimizer.betas[1] = 1e-46 rounds to 0 in float32"),
+])
+def test_a_hyper_parameter_the_dtype_cannot_hold_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                            framework: str, sets: tuple[str, ...], message: str) -> None:
+    assert train(capsys, tmp_path, framework, *sets) == 2
+    assert message in one_error(capsys)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("sets", [("optimizer.lr=3.4e38",),
+                                  ("optimizer.eps=1e-45",),
+                                  ("optimizer.lr=1e39", "precision.dtype=\"float64\"")])
+def test_negative_control_what_the_dtype_holds_is_accepted(sets: tuple[str, ...]) -> None:
+    load_config(overrides=list(sets))  # float32's largest and smallest numbers; float64 holds 1e39
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_step_scalar_that_overflows_the_dtype_is_one_line(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                            framework: str) -> None:
+    # 3e38 fits float32, but Adam's first step size lr / (1 - 0.9) does not
+    assert train(capsys, tmp_path, framework, "optimizer.lr=3e38") == 2
+    *warned, last = capsys.readouterr().err.strip().splitlines()  # JAX: NumPy's overflow warnings, one line each
+    assert all(w.startswith("twinstep: warning: ") for w in warned) and "internal error" not in last
+    # torch refuses the step that overflows; JAX applies it (inf) and the run ends non-finite
+    assert last.startswith("twinstep: error: ") and ("update 0: the optimizer step overflows float32" in last
+                                                      or "ended with non-finite parameter" in last)

@@ -25,6 +25,7 @@ from conformance.config.loss import LossSpec
 from conformance.config.model import ModelSpec
 from conformance.config.optimizer import GroupSpec, OptimizerSpec
 from conformance.config.precision import PrecisionSpec
+from conformance.config.representable import CAST_SECTIONS, unrepresentable
 from conformance.config.run import RunSpec
 from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError
@@ -60,6 +61,10 @@ class Config(Section):
             self.accumulation.check_loss(self.loss.reduction)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        reason = unrepresentable({name: getattr(self, name).model_dump(mode="python") for name in CAST_SECTIONS},
+                                 self.precision.param_dtype)
+        if reason is not None:
+            raise ValueError(reason)
         return self
 
 
