@@ -18,6 +18,14 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile("long", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+MAX_WORKERS = 4  # each worker holds torch and JAX (~1 GB); some tests start four processes of their own
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per CPU this process may use, at most MAX_WORKERS."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
 BACKEND_NAMES = ("torch", "jax", "oracle")
 FRAMEWORKS = ("torch", "jax")
 
