@@ -142,7 +142,8 @@ class ShardedTensor:
 
     def read(self, index: Sequence[slice] | None = None) -> np.ndarray:
         """The box `index` (a slice per leading dimension; None: the whole tensor), reading only the
-        files that overlap it. Optimizer state must be finite (CheckpointCorruptError otherwise)."""
+        files that overlap it. Weights, optimizer state and EMA must be finite (CheckpointCorruptError
+        otherwise)."""
         box = self._box(index)
         out = np.empty(tuple(b - a for a, b in box), self.dtype)
         for file, start, stop in self.pieces:
@@ -152,7 +153,7 @@ class ShardedTensor:
             src = self.shards.file(file)[self.key]
             out[tuple(slice(a - o[0], b - o[0]) for (a, b), o in zip(common, box))] = \
                 src[tuple(slice(a - s, b - s) for (a, b), s in zip(common, start))]
-        if self.key.startswith("optimizer/") and out.dtype.kind == "f" and not np.all(np.isfinite(out)):
+        if out.dtype.kind == "f" and not np.all(np.isfinite(out)):
             raise CheckpointCorruptError(f"{self.shards.path}: {self.key} contains a non-finite value")
         return out
 

@@ -5,18 +5,43 @@ and checkpoint, and the JSON half of a checkpoint.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from conformance import checkpoint as ckpt
 from conformance.config import dump_config
 from conformance.data import Window
+from conformance.errors import TwinstepWarning
 from conformance.run.session import Run
 
 
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def first_nonfinite(tensors: Mapping[str, Any]) -> str | None:
+    """The name of the first tensor holding a NaN or an inf ({name: array}, nested tables named
+    `table/name`), or None when every floating-point value is finite."""
+    for name, value in tensors.items():
+        if isinstance(value, Mapping):
+            inner = first_nonfinite(value)
+            if inner is not None:
+                return f"{name}/{inner}"
+            continue
+        arr = np.asarray(value)
+        if (arr.dtype.kind == "f" or arr.dtype.name == "bfloat16") and not np.all(np.isfinite(arr.astype(np.float64))):
+            return name
+    return None
+
+
+def _not_written(updates_done: int, bad: str) -> None:
+    warnings.warn(f"checkpoint after update {updates_done} not written: {bad} holds non-finite values, which no "
+                  f"resume could continue from; the checkpoints already written are kept", TwinstepWarning,
+                  stacklevel=3)
 
 
 def update_record(run: Run, t: int, window: Window, info: Mapping[str, Any], lrs: list[float],
@@ -98,11 +123,17 @@ def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str
     """Write the checkpoint after `updates_done` updates (rank 0 only) and apply retention; `ema`:
     the weights' EMA ([ema]; None before it starts). The metrics written so far are made durable
     first (fsync), so the file never lags a checkpoint. state.json repeats the manifest's val_loss
-    (conformance.run.validate cross-checks them)."""
+    (conformance.run.validate cross-checks them). A state holding a NaN or an inf is not written
+    (None, with a one-line warning): no resume accepts it, and retention would rotate finite ones away."""
     if not run.is_main:
         return None
     if run.metrics is not None:
         run.metrics.sync()
+    # a failing run never writes a state no resume accepts, so retention never rotates a finite one away
+    bad = first_nonfinite({"model": model, "optimizer": optimizer, "ema": ema or {}})
+    if bad is not None:
+        _not_written(updates_done, bad)
+        return None
     spec = run.config.checkpoint
     val = _finite_or_none(val_loss)
     state = ckpt.TrainingState(updates_done, model, optimizer, rng, {**meta, "val_loss": val}, dump_config(run.config),
@@ -113,12 +144,20 @@ def save(run: Run, updates_done: int, model: dict[str, Any], optimizer: dict[str
 
 
 def save_sharded(run: Run, updates_done: int, pieces: dict[str, Any], rng: dict[str, Any], meta: dict[str, Any],
-                 versions: dict[str, Any], exchange: Any, val_loss: float | None = None) -> Path:
+                 versions: dict[str, Any], exchange: Any, val_loss: float | None = None) -> Path | None:
     """Write the checkpoint after `updates_done` updates from every rank, each its own `pieces`
     (conformance.checkpoint.save_sharded; `exchange`: the framework's all-gather of bytes). `rng`,
-    `meta` and `versions` matter on rank 0 only. Collective: every rank calls it."""
+    `meta` and `versions` matter on rank 0 only. Collective: every rank calls it. Like `save`,
+    nothing is written (None, a warning) when any rank's slice holds a non-finite value."""
     if run.is_main and run.metrics is not None:
         run.metrics.sync()
+    bad = first_nonfinite({key: box for key, (box, _, _) in pieces.items()})
+    everywhere = [b.decode("utf-8") for b in exchange((bad or "").encode("utf-8"))]  # every rank decides alike
+    bad = next((b for b in everywhere if b), None)
+    if bad is not None:
+        if run.is_main:
+            _not_written(updates_done, bad)
+        return None
     spec = run.config.checkpoint
     val = _finite_or_none(val_loss)
     state = ckpt.TrainingState(updates_done, {}, None, rng, {**meta, "val_loss": val} if run.is_main else {},

@@ -17,6 +17,7 @@ for conformance.run.resume.RESUMABLE_CHANGES) and its directory:
   by session.open_run with the pipeline);
 - the loss scale: present exactly when the config scales dynamically, a finite float32 > 0, a
   growth tracker in [0, growth_interval);
+- the weights (model.safetensors): finite (a NaN checkpoint re-hashed by a tool passes the hashes);
 - the optimizer state: an entry for every model tensor once the optimizer has stepped (none
   before; a user's model: for every trainable parameter, which the trainer checks against the live
   model on restore, check_optimizer_entries), none for a tensor the model lacks, the names and
@@ -142,6 +143,7 @@ def validate_state(checkpoint: Checkpoint) -> Config:
     if not isinstance(data, dict) or data.get("updates_done") != done:
         raise w.bad("data.updates_done", f"{done}, the checkpoint's update",
                     data.get("updates_done") if isinstance(data, dict) else data)
+    _weights(path / "model.safetensors", state.model)
     _optimizer(path / "optimizer.safetensors", state.model, state.optimizer or {}, step, config)
     _plateau(w, meta["schedule"], done, config)
     _ema(path / "ema.safetensors", state.model, state.ema, done, skipped, config)
@@ -234,6 +236,16 @@ def _ema(where: Path, model: Mapping[str, np.ndarray], ema: Mapping[str, np.ndar
                                   f"received {value.dtype.name} of shape {tuple(value.shape)}")
         if not np.isfinite(value).all():
             raise CheckpointError(f"{where}: ema/{name} holds non-finite values")
+
+
+def _weights(where: Path, model: dict[str, Any]) -> None:
+    for name, value in model.items():
+        if getattr(value, "lazy", False):  # a sharded checkpoint's slice reader checks finiteness on reading
+            continue
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise CheckpointError(f"{where}: model/{name} holds non-finite values; no run continues from NaN or "
+                                  f"inf weights (resume from an older checkpoint: twinstep checkpoint verify)")
 
 
 def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
