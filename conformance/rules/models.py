@@ -115,10 +115,17 @@ def param_shapes(spec: ModelSpec, info: DataInfo | None) -> dict[str, tuple[int,
 def param_count(spec: ModelSpec, info: DataInfo | None, non_embedding: bool = False) -> int:
     """Number of parameters (the tied lm_head counted once, as wte). `non_embedding` leaves out the
     position embedding, as nanoGPT's get_num_params() does by default."""
-    shapes = param_shapes(spec, info)
-    if non_embedding:
-        shapes.pop("transformer.wpe.weight", None)
-    return sum(math.prod(s) for s in shapes.values())
+    dims = model_dims(spec, info)  # in closed form: a config naming 10^7 layers is sized, never enumerated
+    b = int(spec.bias)
+    if spec.name == "linear":
+        return dims.out_features * (dims.in_features + b)
+    if spec.name == "mlp":
+        return sum(n_out * (n_in + b) if kind == "linear" else n_out * (1 + b) if kind == "norm" else 0
+                   for kind, n_in, n_out in mlp_layers(spec, dims))
+    d = spec.n_embd
+    per_layer = 12 * d * d + 2 * d + 11 * d * b  # ln_1, c_attn (3d x d), c_proj, ln_2, c_fc (4d x d), c_proj
+    embeddings = dims.vocab_size * d + (0 if non_embedding else dims.block_size * d)
+    return embeddings + spec.n_layer * per_layer + d * (1 + b)
 
 
 def flops_per_token(spec: ModelSpec, info: DataInfo | None, seq_len: int | None = None) -> float:

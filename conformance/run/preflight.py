@@ -10,7 +10,9 @@ same refusal whichever framework runs the config):
 - `run.inject_nonfinite` naming an update the run never makes;
 - more updates than MAX_UPDATES (the JAX trainer counts updates in int32 on the device);
 - a built-in model whose parameters, gradients and two optimizer moments do not fit in this
-  machine's memory (refused before anything is allocated).
+  machine's memory (refused before anything is allocated; the count in closed form);
+- synthetic data (`data.n_samples`) whose arrays alone do not fit in this machine's memory
+  (check_data_size, before the data is drawn).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 from conformance.config import Config
 from conformance.config.run import MAX_UPDATES
 from conformance.data import DataPipeline
+from conformance.data.datasets import BLOB_FEATURES
 from conformance.errors import ConfigError
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.models import param_count
@@ -48,6 +51,25 @@ def check_run(config: Config, data: DataPipeline, world_size: int = 1) -> None:
     check_schedule(config.schedule, config.optimizer, planned, per_epoch)
     _check_cosine_floor(config)
     _check_memory(config, data)
+
+
+# float64 values per sample of each synthetic data set: its features and its target
+SYNTHETIC_VALUES = {"linear_regression": 2, "binary_blobs": BLOB_FEATURES + 1}
+
+
+def check_data_size(config: Config) -> None:
+    """Refuse synthetic data whose arrays alone (samples × values × 8 bytes) exceed this machine's
+    memory, before any is drawn (a ConfigError naming data.n_samples, the bytes and the memory)."""
+    values = SYNTHETIC_VALUES.get(config.data.name)
+    n = config.data.n_samples
+    have = _memory_bytes()
+    if values is None or n is None or have is None:
+        return
+    need = n * values * 8
+    if need > have:
+        raise ConfigError(f"data.n_samples = {n} makes {need / 2**30:.1f} GiB of {config.data.name} samples "
+                          f"({values} float64 values each); this machine has {have / 2**30:.1f} GiB "
+                          f"(use fewer samples)")
 
 
 def _check_cosine_floor(config: Config) -> None:

@@ -44,7 +44,7 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.run.counters import Counters
 from conformance.run.metrics import MetricsLog
 from conformance.run.preempt import Preemption
-from conformance.run.preflight import check_run
+from conformance.run.preflight import check_data_size, check_run
 from conformance.run.resume import check_resumable, pick_checkpoint, restore_counters
 from conformance.run.rundir import RunDir, claim
 from conformance.run.validate import check_data_position
@@ -138,6 +138,8 @@ def open_run(config: Config, out_dir: str | Path, backend: str, resume: bool = F
     `agree`: the ranks' agreement for Run.stop_requested (conformance.run.loop.open_on_every_rank
     opens every rank of a run with it)."""
     out = Path(out_dir)
+    if dataset is None:
+        check_data_size(config)
     data = DataPipeline(config, rank, world_size, dataset)
     if check_loss:
         check_task(config, data.info.task)
