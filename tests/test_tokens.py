@@ -187,6 +187,43 @@ def test_a_compressed_npz_is_refused(tmp_path: Path) -> None:
         open_arrays(str(tmp_path / "c.npz"), "data.path")
 
 
+
+def _arrays(tmp_path: Path, bad: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).standard_normal((200, 5))
+    if bad is not None:
+        x[bad] = np.nan
+    return x, (x[:, 0] > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("val_fraction", [0.0, 0.2], ids=["train", "split"])
+def test_a_nan_in_an_array_file_is_named_by_file_row_and_column(tmp_path: Path, val_fraction: float) -> None:
+    x, y = _arrays(tmp_path, (17, 3))
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    spec = load_config({"data": {"name": "arrays", "path": str(tmp_path / "d.npz"), "val_fraction": val_fraction}}).data
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'd.npz'} entry 'x' holds a non-finite value \(nan\) at row 17, "
+                                         r"column 3$"):
+        load_arrays(spec, 0)  # with the split, row 17 is the validation part's 4th: still named row 17
+
+
+def test_a_nan_in_a_validation_npy_is_named_by_its_file(tmp_path: Path) -> None:
+    for name, bad in (("train", None), ("val", (5, 1))):
+        x, y = _arrays(tmp_path, bad)
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "x.npy", x)
+        np.save(tmp_path / name / "y.npy", y)
+    spec = load_config({"data": {"name": "arrays", "path": str(tmp_path / "train"),
+                                 "val_path": str(tmp_path / "val")}}).data
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'val' / 'x.npy'} holds a non-finite value \(nan\) at row 5, "
+                                         r"column 1$"):
+        load_arrays(spec, 0)
+
+
+def test_negative_control_finite_array_files_load(tmp_path: Path) -> None:
+    x, y = _arrays(tmp_path, None)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    ds = load_arrays(load_config({"data": {"name": "arrays", "path": str(tmp_path / "d.npz"), "val_fraction": 0.2}}).data, 0)
+    assert (ds.info.n_train, ds.info.n_val) == (160, 40)
+
 # --- tokenize ---------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -101,4 +102,12 @@ def load_arrays(spec: DataSpec, seed: int, needs_targets: bool = True) -> Datase
     """The Dataset of data.path (and data.val_path), memory-mapped."""
     train = open_arrays(spec.path or "", "data.path")  # DataSpec requires path
     data: Any = train if spec.val_path is None else (train, open_arrays(spec.val_path, "data.val_path"))
-    return user_dataset(spec, data, seed, needs_targets, name="arrays", where="data.path")
+    val_file = spec.path or "" if spec.val_path is None else spec.val_path  # a split's validation rows are data.path's
+    return user_dataset(spec, data, seed, needs_targets, name="arrays", where="data.path",
+                        origins=(entry_file(spec.path or ""), entry_file(val_file)))
+
+
+def entry_file(name: str) -> Callable[[str], str]:
+    """How errors name entry `key` of data.path / data.val_path: DIR/key.npy, or FILE.npz's member."""
+    path = Path(name).expanduser()
+    return (lambda key: str(path / f"{key}.npy")) if path.is_dir() else (lambda key: f"{path} entry {key!r}")

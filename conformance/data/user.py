@@ -30,7 +30,6 @@ from conformance.data.datasets import (
 )
 from conformance.data.sources import ArrayData, MapData, Subset, as_source, row_chunks
 from conformance.errors import InputError
-from conformance.rules.inputs import check_finite
 
 # The batch entry a loss_fn reads to tell real samples from padding rows (the JAX trainer pads a
 # short micro-batch to one shape; torch's is all True): data may not have an entry of that name.
@@ -61,8 +60,20 @@ def _task(y: np.ndarray | None) -> Task:
     return "classification" if y.ndim == 1 else "language_model"
 
 
-def _scan(source: MapData, spec: DataSpec, task: Task, where: str) -> int | None:
-    """Finite inputs and regression targets, labels >= 0, chunk by chunk; the largest label + 1."""
+def _first_nonfinite(part: np.ndarray, rows: np.ndarray, named: str) -> None:
+    """Refuse a chunk holding a NaN or an inf, naming it by its row in the user's array (`rows`: the
+    chunk's rows there) and, for a table, its column."""
+    bad = ~np.isfinite(part.astype(np.float64))
+    if bad.any():
+        at = np.argwhere(bad)[0]
+        place = f"row {int(rows[at[0]])}" + (f", column {int(at[1])}" if part.ndim == 2 else
+                                             f", position {tuple(int(i) for i in at[1:])}" if part.ndim > 2 else "")
+        raise InputError(f"{named} holds a non-finite value ({part[tuple(at)]}) at {place}")
+
+
+def _scan(source: MapData, spec: DataSpec, task: Task, where: str, origin: Any = None) -> int | None:
+    """Finite inputs and regression targets, labels >= 0, chunk by chunk; the largest label + 1.
+    `origin(key)` names an entry where the user keeps it (a file), else `where[key]`."""
     base = source.source if isinstance(source, Subset) else source
     if not isinstance(base, ArrayData):
         return None
@@ -77,7 +88,8 @@ def _scan(source: MapData, spec: DataSpec, task: Task, where: str) -> int | None
             rows = slice(start, min(start + step, n))
             part = np.asarray(a[rows] if index is None else a[index[rows]])
             if np.issubdtype(part.dtype, np.floating) and (key == spec.inputs or task == "regression"):
-                check_finite(f"{where}[{key!r}] samples {start}..{rows.stop - 1}", part)
+                at = np.arange(rows.start, rows.stop) if index is None else index[rows]
+                _first_nonfinite(part, at, origin(key) if origin is not None else f"{where}[{key!r}]")
             if key == spec.targets and task != "regression" and part.size:
                 low = part.reshape(part.shape[0], -1).min(axis=1)
                 if int(low.min()) < 0:
@@ -88,9 +100,10 @@ def _scan(source: MapData, spec: DataSpec, task: Task, where: str) -> int | None
 
 
 def user_dataset(spec: DataSpec, data: Any, seed: int, needs_targets: bool = True, name: str = "user",
-                 where: str = "data") -> Dataset:
+                 where: str = "data", origins: tuple[Any, Any] | None = None) -> Dataset:
     """The Dataset of `data` (see the module docstring). `needs_targets`: `[loss]` compares the model's
-    output with data[targets] (a loss_fn reads whatever it likes)."""
+    output with data[targets] (a loss_fn reads whatever it likes). `origins`: for the training and
+    the validation part, `origin(key)` naming the file an entry comes from (errors name its rows)."""
     train, val = _sources(spec, data, seed, where)
     if len(train) == 0:
         raise InputError(f"{where} has no training samples")
@@ -108,8 +121,9 @@ def user_dataset(spec: DataSpec, data: Any, seed: int, needs_targets: bool = Tru
     y = np.asarray(probe[spec.targets]) if spec.targets in probe else None
     task = _task(y)
     classes = None
-    for part, label in ((train, f"{where} train"), (val, f"{where} validation")):
-        found = _scan(part, spec, task, label) if len(part) else None
+    for part, label, origin in ((train, f"{where} train", origins and origins[0]),
+                                (val, f"{where} validation", origins and origins[1])):
+        found = _scan(part, spec, task, label, origin) if len(part) else None
         classes = found if classes is None or (found is not None and found > classes) else classes
     in_features = int(x.shape[1]) if x.ndim == 2 and np.issubdtype(x.dtype, np.floating) else None
     if task == "regression":
