@@ -1,10 +1,11 @@
 """Every float hyper-parameter a run casts to its parameters' dtype must be a number that dtype holds.
 
-A float32 run's optimizer, schedule, clipping, loss-scaling, EMA and loss settings reach the
-framework as float32 scalars: torch refuses `lr = 1e39` mid-run ("value cannot be converted to type
-float without overflow") and JAX casts it to inf and skips every update. Both are refused here,
-before anything runs, naming the field: a value above the dtype's largest finite number, and a
-non-zero value that rounds to 0 in it (an `eps = 1e-50` that silently becomes no eps at all).
+A float32 run's optimizer, clipping, loss-scaling, EMA and loss settings reach the framework as
+float32 scalars: torch refuses `lr = 1e39` mid-run ("value cannot be converted to type float without
+overflow") and JAX casts it to inf and skips every update. Both are refused here, before anything
+runs, naming the field: a value above the dtype's largest finite number. (A schedule's settings stay
+Python floats: the lr they make is what reaches the optimizer. A tiny value that rounds to 0, as
+torch and JAX both round it, is the same on both sides and is accepted.)
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-# The sections whose floats become the parameters' dtype inside an update (data and model settings
-# stay host-side Python / NumPy float64 numbers).
-CAST_SECTIONS: tuple[str, ...] = ("optimizer", "schedule", "clip", "precision", "ema", "loss")
+# The sections whose floats become the parameters' dtype inside an update (data, model and schedule
+# settings stay host-side Python / NumPy float64 numbers).
+CAST_SECTIONS: tuple[str, ...] = ("optimizer", "clip", "precision", "ema", "loss")
 
 
 def _floats(value: Any, where: str) -> Iterator[tuple[str, float]]:
@@ -35,14 +36,11 @@ def unrepresentable(sections: Mapping[str, Any], dtype: str) -> str | None:
     """The first float of `sections` ({section name: its settings as plain data}) that `dtype`
     cannot hold, as a one-line reason naming the field; None when every one fits."""
     info = np.finfo(np.dtype(dtype))
-    largest, smallest = float(info.max), float(info.smallest_subnormal)
+    largest = float(info.max)
     for name, settings in sections.items():
         for where, value in _floats(settings, name):
             if abs(value) > largest:
                 return (f"{where} = {value:g} does not fit {dtype}, the dtype of this run's parameters and "
                         f"optimizer state (largest finite value {largest:g}); choose a smaller value, or "
                         f"[precision] dtype = \"float64\"")
-            if value != 0.0 and abs(value) < smallest / 2:
-                return (f"{where} = {value:g} rounds to 0 in {dtype}, the dtype of this run's parameters and "
-                        f"optimizer state (smallest positive value {smallest:g}); choose a larger value, or 0")
     return None
