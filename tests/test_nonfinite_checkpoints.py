@@ -105,3 +105,28 @@ def test_first_nonfinite_names_nested_tensors() -> None:
     bad = {**ok, "optimizer": {"w": {"v": np.array([0.0, -np.inf])}}}
     assert records.first_nonfinite(bad) == "optimizer/w/v"
     assert records.first_nonfinite({"steps": np.array([1, 2], np.int64)}) is None  # integers hold no NaN
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_sharded_save_is_skipped_on_every_rank_when_any_rank_holds_a_nan(opened: Run, bad_rank: int) -> None:
+    def pieces(rank: int) -> dict:
+        box = np.full((1, 2), np.nan if rank == bad_rank else 1.0, np.float32)
+        return {"model/0.weight": (box, (2, 2), (rank, 0))}
+
+    other = 1  # this process is rank 0; the exchange carries what rank 1 found in its own slice
+    found_there = records.first_nonfinite({k: b for k, (b, _, _) in pieces(other).items()}) or ""
+    exchange = lambda mine: [mine, found_there.encode("utf-8")]  # noqa: E731 (an all-gather of two ranks)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert records.save_sharded(opened, 2, pieces(0), {}, {}, {}, exchange) is None
+    assert [str(w.message) for w in seen if issubclass(w.category, TwinstepWarning)] == [
+        "checkpoint after update 2 not written: model/0.weight holds non-finite values, which no resume could "
+        "continue from; the checkpoints already written are kept"]
+    assert ck.list_checkpoints(opened.checkpoint_dir) == []
+
+
+def test_negative_control_a_finite_sharded_save_is_written(opened: Run) -> None:
+    box = np.ones((2, 2), np.float32)
+    path = records.save_sharded(opened, 2, {"model/0.weight": (box, (2, 2), (0, 0))}, {"rng/x": np.zeros(3, np.uint32)},
+                                {}, {}, lambda mine: [mine])
+    assert path is not None and [p for _, p in ck.list_checkpoints(opened.checkpoint_dir)] == [path]

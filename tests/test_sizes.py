@@ -51,7 +51,8 @@ def train(capsys: pytest.CaptureFixture, tmp_path: Path, framework: str, *args: 
 @pytest.mark.parametrize("args, message", [
     (("--set", "data.n_samples=1000000000000"),
      "data.n_samples = 1000000000000 makes 156462.2 GiB of binary_blobs samples"),
-    ((str(ROOT / "configs" / "gpt_tiny.toml"), "--set", "model.n_layer=1000000000"), "parameters need at least"),
+    ((str(ROOT / "configs" / "gpt_tiny.toml"), "--set", "model.n_layer=1000000000"),
+     "model (model.n_layer = 1000000000, model.n_embd = 64, model.block_size = 64): 49984000010816 parameters need"),
 ], ids=["blobs-1e12", "gpt-1e9-layers"])
 def test_a_size_the_machine_cannot_hold_is_one_line(capsys: pytest.CaptureFixture, tmp_path: Path, framework: str,
                                                     args: tuple[str, ...], message: str) -> None:

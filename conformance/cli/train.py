@@ -12,7 +12,8 @@ A run whose last loss or final parameters are non-finite is not a success: with
 the last loss is non-finite: the policy skipped those updates as asked), and non-finite final
 parameters (an update that overflowed them, lr = 1e308) are an error naming the parameter, exit 2.
 SIGTERM / SIGINT: the run saves and stops (conformance.run.preempt); the CLI prints where, exit
-143 / 130.
+143 / 130. SIGTERM during start-up stops with one line saying nothing was trained (143); after the
+run has finished and saved it is ignored (the work is done: exit 0).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import argparse
 import importlib
 import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from conformance.config import load_config
-from conformance.errors import NonFiniteError, TwinstepError, UnsupportedError
+from conformance.errors import NonFiniteError, Preempted, TwinstepError, UnsupportedError
 from conformance.events import Events
 from conformance.harness.backends import PACKAGES
 from conformance.run.metrics import read_metrics
@@ -69,10 +72,38 @@ def trainer(backend: str) -> Any:
     return module.train
 
 
+class Outside:
+    """SIGTERM where the run's own handling (conformance.run.preempt, installed while the run is
+    open) is not: during start-up nothing has been trained, so the command stops with one line
+    (143); once the run has finished and saved, the work is done and the command ends as it would
+    have (0)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.done:
+            raise Preempted(f"stopped by {signal.Signals(signum).name} during start-up; nothing was trained",
+                            signal=signum, updates_done=0)
+
+
 def run(args: argparse.Namespace, events: Events | None = None) -> int:
-    config = load_config(args.config, args.overrides)
-    train = trainer(args.backend)
-    result = train(config, args.out, resume=args.resume, progress=args.progress, events=events)
+    outside = Outside()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, outside) if main_thread else None
+    try:
+        config = load_config(args.config, args.overrides)
+        train = trainer(args.backend)
+        result = train(config, args.out, resume=args.resume, progress=args.progress, events=events)
+        outside.done = True
+        return _finish(config, result)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _finish(config: Any, result: Any) -> int:
+    """The summary line of a finished run (or an error for non-finite results)."""
     if getattr(result, "out_dir", None) is None or not _is_main():
         return 0
     check_finite(result.params)

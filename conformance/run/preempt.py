@@ -49,9 +49,9 @@ class Preemption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
-        # the next one of this kind is not deferred
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        # the next one of this kind is not deferred: the default action (not an outer handler's, which
+        # may have other plans for a signal outside the run)
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():

@@ -99,5 +99,16 @@ def _check_memory(config: Config, data: DataPipeline) -> None:
     need = n * BYTES.get(config.precision.param_dtype, 4) * COPIES
     have = _memory_bytes()
     if have is not None and need > have:
-        raise ConfigError(f"model: {n} parameters need at least {need / 2**30:.1f} GiB with their gradients and "
-                          f"optimizer state; this machine has {have / 2**30:.1f} GiB (reduce the model's sizes)")
+        raise ConfigError(f"model ({_sizes(config)}): {n} parameters need at least {need / 2**30:.1f} GiB with "
+                          f"their gradients and optimizer state; this machine has {have / 2**30:.1f} GiB (reduce "
+                          f"the model's sizes)")
+
+
+def _sizes(config: Config) -> str:
+    """The model fields that set its size, as the config spells them."""
+    spec = config.model
+    names = {"gpt": ("n_layer", "n_embd", "vocab_size", "block_size"), "mlp": ("hidden",)}.get(
+        spec.name, ("in_features", "out_features"))
+    shown = [f"model.{k} = {getattr(spec, k)}" for k in names if getattr(spec, k, None) is not None]
+    text = ", ".join(shown)
+    return text if len(text) <= 120 else text[:117] + "..."
