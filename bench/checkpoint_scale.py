@@ -7,7 +7,7 @@ one step, built by the trainer's own parts (conformance.run.session.open_run, re
 _parallel.wrap, build_optimizer), saved by the trainer's save (ref_torch._train_state.save_checkpoint):
 
 - `sharded`: what FSDP2 runs write now (format 3): every rank writes its own rows, nothing gathered;
-- `gather` (the baseline, in the same run): what they wrote before issue 15, every parameter and
+- `gather` (the baseline, in the same run): what they wrote before sharded saves, every parameter and
   optimizer state gathered to whole tensors (`full_tensor()`) and rank 0 writing the whole layout;
 - one rank: the whole layout (both are the same there).
 

@@ -5,7 +5,7 @@
 Runs `python -m conformance conform --backend NAME` once per backend (repeated --repeats times,
 fastest kept) and prints each process's wall seconds, CPU seconds (user + system, from wait4) and
 peak resident set size (wait4's ru_maxrss), then the ratio JAX / torch of wall and CPU time: the
-figure issue 28 asks for (goal: ≤ 1.5; `all` ≤ 30 s wall and ≤ 1 GiB). Arguments after `--` go
+figure the suite-speed goal names (goal: ≤ 1.5; `all` ≤ 30 s wall and ≤ 1 GiB). Arguments after `--` go
 to every run (e.g. `-- --jobs 1`). Every run must pass: a failed suite is reported, not timed.
 """
 

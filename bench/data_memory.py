@@ -7,7 +7,7 @@ Writes two llm.c shards of uniformly random tokens (vocabulary 512) into DIR (de
 directory, removed afterwards): `big` of --gib GiB and `small` of 10 MiB, then trains the same tiny
 gpt on each with `twinstep train` (same config, updates, batch and seed; only data.path differs)
 and reports each process's peak resident set size (wait4's ru_maxrss) and their difference. The
-goal (issue 14): within 64 MiB, i.e. the shard is memory-mapped and checked in chunks, never read
+goal: within 64 MiB, i.e. the shard is memory-mapped and checked in chunks, never read
 whole. The big run's start also shows the cost of checking and hashing every token once (the
 `load s` column: wall seconds to the first metrics line).
 """

@@ -23,9 +23,9 @@ statistic is each contender's fastest repeat (--stat min, the default, as timeit
 jobs only ever add time) or the median (--stat median); the verdict lines also give the median of
 the pairs' ratios, and a goal counts as met only when both are within it. On the CPU the clock is
 the process's CPU time (one intra-op thread), which other jobs do not inflate; --wall switches to
-the wall clock (always used on CUDA, where every loop synchronizes once per update). Goals (issue
-14): trainer / minimal <= 1.10 on the MLP and <= 1.02 on the gpt, both measured side by side in one
-run (the last lines print each ratio against its goal); docs/performance.md records the numbers.
+the wall clock (always used on CUDA, where every loop synchronizes once per update). Goals:
+trainer / minimal <= 1.10 on the MLP and <= 1.02 on the gpt, both measured side by side in one run
+(the last lines print each ratio against its goal); docs/performance.md records the numbers.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-GOALS = {"mlp": 1.10, "gpt": 1.02}  # trainer / minimal loop (issue 14)
+GOALS = {"mlp": 1.10, "gpt": 1.02}  # trainer / minimal loop
 
 
 UPDATES = {"mlp": 200, "gpt": 50}  # default updates per run

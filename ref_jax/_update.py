@@ -1,4 +1,4 @@
-"""One optimizer update, the whole path, for the JAX trainer (issue 7) and tests/test_update_path.py.
+"""One optimizer update, the whole path, for the JAX trainer and tests/test_update_path.py.
 
     scale → grad over the window (accumulation) → unscale + finite check → clip → tx.update, kept only
     if finite (else parameters and optimizer state stay as they were) → loss-scale update

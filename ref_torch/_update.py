@@ -1,4 +1,4 @@
-"""One optimizer update, the whole path, for the torch trainer (issue 6) and tests/test_update_path.py.
+"""One optimizer update, the whole path, for the torch trainer and tests/test_update_path.py.
 
     scale → backward over the window (accumulation) → unscale + finite check → clip → optimizer.step()
     or skip → scaler update → scheduler.step() or hold

@@ -1,4 +1,4 @@
-"""Case files are strict and complete (issue 12, item 1): every table is read by its kind or refused
+"""Case files are strict and complete: every table is read by its kind or refused
 naming the file and the table; optimizer cases with [schedule] / [clip] keep to what the update path
 can run; a malformed file is one failed result (file, key, reason) and the other files still run."""
 

@@ -1,4 +1,4 @@
-"""Actionable messages (issue 16): `twinstep checkpoint verify|list RUN_DIR` reports every checkpoint's
+"""Actionable messages: `twinstep checkpoint verify|list RUN_DIR` reports every checkpoint's
 status without training or changing anything; warnings are one line; the harness says that an error
 case's backend returned normally instead of crashing on it."""
 
@@ -154,7 +154,7 @@ def test_warnings_are_one_line(capsys: pytest.CaptureFixture) -> None:
 ERROR_CASE = """
 id = "{kind}/returns-normally"
 kind = "{kind}"
-source = "issue 16: an error case whose inputs are valid"
+source = "hand-written: an error case whose inputs are valid"
 {body}
 [expected]
 error = "InputError"

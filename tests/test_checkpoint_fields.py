@@ -1,4 +1,4 @@
-"""Every field of a checkpoint is checked before anything is restored (issue 16; conformance.run.validate).
+"""Every field of a checkpoint is checked before anything is restored (conformance.run.validate).
 
 A checkpoint is tampered as someone who knows the format would: the file changed AND every hash
 that vouches for it rewritten (tests/support/tamper.py), so the hashes pass and only the checks of

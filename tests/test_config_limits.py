@@ -1,4 +1,4 @@
-"""Config strictness (issue 16): what a config may not be, each refused with one line, exit 2.
+"""Config strictness: what a config may not be, each refused with one line, exit 2.
 
 - Bounded before parsing: a FIFO or a device as the config (refused at once, never read), a 64 MiB
   file (refused by its size, not read), 5000 levels of nesting (refused before tomllib recurses);

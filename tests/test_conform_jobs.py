@@ -1,4 +1,4 @@
-"""`twinstep conform --jobs N` (issue 28, item 3) and releasing compiled programs between cases
+"""`twinstep conform --jobs N` and releasing compiled programs between cases
 (item 2): the fast paths give the straightforward path's report, row for row and bit for bit; a
 worker that dies is one failed row naming the case it was running, and the run goes on."""
 

@@ -1,4 +1,4 @@
-"""Data files are opened through conformance.files (issue 16): a FIFO or a device named as data — a
+"""Data files are opened through conformance.files: a FIFO or a device named as data — a
 token shard, an .npz, an .npy of a directory, a text corpus, a file to tokenize — is one error line
 at once (exit 2 from the CLI, nothing written), never a read that blocks or never ends. Negative
 control: the naive open the checks replace blocks on the same FIFO."""

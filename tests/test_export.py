@@ -1,4 +1,4 @@
-"""`twinstep export` (issue 15, item 5; docs/export.md): trained runs' checkpoints as a Hugging Face
+"""`twinstep export` (docs/export.md): trained runs' checkpoints as a Hugging Face
 GPT-2 (transformers' logits = twinstep's forward in float64, 1e-6, on torch- and JAX-trained runs),
 a torch state_dict and ref_jax's NNX tree (exact round trips for every bundled model), the EMA
 weights, the vocabulary as a tokenizer, and the refusals (one line, exit 2, nothing written).

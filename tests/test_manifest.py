@@ -1,4 +1,4 @@
-"""The manifest vouches for itself (issue 16; conformance/checkpoint/manifest.py).
+"""The manifest vouches for itself (conformance/checkpoint/manifest.py).
 
 Every single-bit flip of a small manifest.json, all of its bits, is refused (before format 2, 1345
 of 8344 such flips were accepted); the negative control is a reader that checks what format 1

@@ -1,4 +1,4 @@
-"""The frameworks' own built-ins as backends (issue 12, items 3 and 4): torch-native, optax-native and
+"""The frameworks' own built-ins as backends: torch-native, optax-native and
 keras run the bundled suite, and docs/divergences.md is the executable ledger of their failures.
 
 Each native backend runs the whole suite once per session (`native_results`, cached): every failure
@@ -95,7 +95,7 @@ def test_a_case_without_a_native_equivalent_is_unsupported_with_the_reason() -> 
     assert got[("optax-native", "train/linear-regression-sgd")].message == "unsupported: trainer.train"
 
 
-# issue 13's fields on each framework's own built-in (docs/backends.md, "Native backends"): what maps passes,
+# the peer-semantics fields on each framework's own built-in (docs/backends.md, "Native backends"): what maps passes,
 # what has no argument is unsupported naming the field and the built-in
 MAPPED = [
     ("torch-native", "optimizer/schedulefree-adamw-open", "passed", ""),  # schedulefree.AdamWScheduleFree

@@ -1,4 +1,4 @@
-"""Negative controls for issue 13's optimizer semantics: deliberately wrong variants (PatchedBackend
+"""Negative controls for the peers' optimizer semantics: deliberately wrong variants (PatchedBackend
 mutants over the oracle's equations, and bugs planted in the twins) that the bundled cases generated
 from torch, Keras, schedulefree and torch's AveragedModel must catch — decoupled decay applied after
 the step or as L2, eps_hat without its √(1−β2ᵗ) factor or ignored, Keras's Nadam with torch's

@@ -1,4 +1,4 @@
-"""Outside backends (issue 12, item 2): any importable package with the built-ins' module and function
+"""Outside backends: any importable package with the built-ins' module and function
 names runs the cases by its dotted name, or by a short name its distribution registers under the
 `twinstep.backends` entry points. Packages are written into tmp_path (outside this repository) and
 put on sys.path; each check has its negative control (a planted bug fails, a missing function is

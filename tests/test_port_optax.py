@@ -73,7 +73,7 @@ DESCRIPTIONS = {
     "warmup-exponential": lr({"warmup_exponential_decay_schedule": {
         "init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2, "transition_steps": 2, "decay_rate": 0.5}}),
     "warmup-constant": lr({"warmup_constant_schedule": {"init_value": 0.01, "peak_value": 0.1, "warmup_steps": 2}}),
-    # optax's end values and starts above the peak (issue 13)
+    # optax's end values and starts above the peak
     "polynomial-end-value": lr({"polynomial_schedule": {"init_value": 0.1, "end_value": 0.02, "power": 2,
                                                         "transition_steps": 6}}),
     "exponential-end-value": lr({"exponential_decay": {"init_value": 0.1, "transition_steps": 1, "decay_rate": 0.7,

@@ -1,5 +1,5 @@
 """from_torch: torch.optim / lr_scheduler objects as the neutral spec, checked against the objects' own
-trajectories (issue 8's done-when): native objects run N updates of a fixed gradient stream, the
+trajectories: native objects run N updates of a fixed gradient stream, the
 translated spec runs on twinstep's torch and JAX backends, and parameters and lrs must agree at
 every update at the float64 tolerance (1e-12 abs, 1e-10 rel)."""
 

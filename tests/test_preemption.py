@@ -1,4 +1,4 @@
-"""Preemption (issue 16; conformance/run/preempt.py): SIGTERM / SIGINT finish the current update, save
+"""Preemption (conformance/run/preempt.py): SIGTERM / SIGINT finish the current update, save
 a checkpoint, and stop with exit status 143 / 130 and a line saying where; `--resume` from it equals
 the uninterrupted run bit for bit (CPU), on both trainers, with `checkpoint.every = 0` (the default:
 without this a preempted run lost everything).

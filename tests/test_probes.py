@@ -1,4 +1,4 @@
-"""Issue 16's probes, as a hostile user would run them (`-m slow`): no probe may end in "internal error"
+"""The hostile probes, as a hostile user would run them (`-m slow`): no probe may end in "internal error"
 or a traceback, and nothing already saved may be lost.
 
 - random SIGKILL / SIGTERM of real `twinstep train` processes on both trainers, resumed until done:

@@ -1,4 +1,4 @@
-"""The tests' waits on a started process (tests/support/processes.py, issue 36 item 3): each returns as
+"""The tests' waits on a started process (tests/support/processes.py): each returns as
 soon as the awaited thing holds or the process has ended, and a wait that runs out fails naming
 the process, what it waited for and its stderr, and leaves no process behind (nor, for a process
 leading its own group, what it started)."""

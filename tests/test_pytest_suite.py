@@ -1,4 +1,4 @@
-"""The cases as a pytest suite (issue 12, item 5): `pytest --pyargs conformance.suite
+"""The cases as a pytest suite: `pytest --pyargs conformance.suite
 --twinstep-backend NAME` runs each case × backend as one test, in a fresh interpreter started
 outside this repository, with the plugin found through its pytest11 entry point or `-p`."""
 

@@ -1,4 +1,4 @@
-"""Reports of `twinstep conform` (issue 12, item 5): JUnit XML, the Markdown matrix with ledger rows,
+"""Reports of `twinstep conform`: JUnit XML, the Markdown matrix with ledger rows,
 JSON with a status, and the terminal's kind × backend summary. Each check has a negative control."""
 
 from __future__ import annotations

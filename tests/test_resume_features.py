@@ -1,4 +1,4 @@
-"""Issue 13's stateful features under issue 16's resume machinery, together, on both trainers
+"""The stateful features (schedule-free, EMA, reduce_on_plateau) under the resume machinery, together, on both trainers
 (`[torch]`, `[jax]`), each check with its negative control:
 
 - reduce_on_plateau + [ema] (evaluations on the EMA, so the plateau observes the EMA's val_loss) +
@@ -350,7 +350,7 @@ def test_verify_refuses_a_rehashed_tampering_naming_the_field(plateau_runs: dict
 
 
 # ---------------------------------------------------------------------------------------------
-# a user's model (issue 14) with buffers, an [ema] and reduce_on_plateau, under the field checks
+# a user's model with buffers, an [ema] and reduce_on_plateau, under the field checks
 # ---------------------------------------------------------------------------------------------
 
 

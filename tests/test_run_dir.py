@@ -1,4 +1,4 @@
-"""Owned run directories and clean OS errors (issue 16; conformance/run/rundir.py, run/metrics.py).
+"""Owned run directories and clean OS errors (conformance/run/rundir.py, run/metrics.py).
 
 - One run at a time: a second run into a busy --out is refused at once naming the holder's pid, and
   the first run's checkpoints verify; the lock goes with its holder.

@@ -1,4 +1,4 @@
-"""The run's decisions written once (issue 33; conformance/run/loop.py), checked without a framework:
+"""The run's decisions written once (conformance/run/loop.py), checked without a framework:
 
 - Opening with every rank agreeing: a rank that fails makes every rank raise; rank 0's refusal is
   seen by the others before they touch the directory; a run already opened when another rank

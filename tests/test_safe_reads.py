@@ -1,4 +1,4 @@
-"""Open nothing blindly (issue 16; conformance/files.py): a FIFO in place of any checkpoint file is
+"""Open nothing blindly (conformance/files.py): a FIFO in place of any checkpoint file is
 refused at once (it used to block `--resume` forever: the file was opened before its type was
 checked), and nothing inside a checkpoint can lead out of it through a link.
 

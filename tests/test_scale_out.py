@@ -1,4 +1,4 @@
-"""Scaling out (issue 15) with real processes on the CPU: torchrun + gloo for torch, torchrun +
+"""Scaling out with real processes on the CPU: torchrun + gloo for torch, torchrun +
 jax.distributed (gloo CPU collectives) for JAX. The same float64 MLP config everywhere (AdamW,
 cosine, clipping, accumulation of 3, two epochs, evaluations), whose global batch is world size ×
 data.batch_size × accumulation.steps = 72 in every run: 2 ranks × 12, 1 × 24, 4 × 6.

@@ -1,4 +1,4 @@
-"""Pinned differences for the schedules of issue 13 (docs/divergences.md#schedules: S-CHAINED,
+"""Pinned differences for the peers' schedules (docs/divergences.md#schedules: S-CHAINED,
 S-CHAINED-TMAX, S-CYCLIC, S-PLATEAU, S-PLATEAU-NEG, S-ENDVALUE, S-STAIRCASE, K-RESTARTS-F32).
 
 Each test asserts what torch, optax or Keras do today, so it fails if one of them changes; the

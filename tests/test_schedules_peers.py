@@ -53,7 +53,7 @@ def chainable(draw, length: int) -> dict:
 
 @st.composite
 def peer_configs(draw, name: str, length: int) -> tuple:
-    """(config, keyword arguments of schedule_values) for a schedule of issue 13."""
+    """(config, keyword arguments of schedule_values) for a schedule the peers define."""
     lrs = draw(st.lists(_f(1e-4, 1.0), min_size=1, max_size=3))
     kw: dict = {}
     opt = draw(st.sampled_from(["sgd", "adam", "rmsprop"]))

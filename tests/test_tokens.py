@@ -1,4 +1,4 @@
-"""Data in files (issue 14): llm.c token shards (`[data] name = "tokens"`), NumPy arrays
+"""Data in files: llm.c token shards (`[data] name = "tokens"`), NumPy arrays
 (`[data] name = "arrays"`) and `twinstep data tokenize`.
 
 - Shards: the header is checked (magic 20240520, version 1, file size = 1024 + 2·count) and every

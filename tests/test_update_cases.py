@@ -1,4 +1,4 @@
-"""Optimizer cases with [schedule] and [clip] run the trainer's update path (issue 12, item 1).
+"""Optimizer cases with [schedule] and [clip] run the trainer's update path.
 
 The bundled cases `conformance/cases/optimizer/update/` come from torch.optim + lr_scheduler +
 clip_grad_norm_ / clip_grad_value_ in float64 (tools/gen_update_cases.py); tests/test_cases.py runs
@@ -43,7 +43,7 @@ def test_the_generator_reproduces_the_bundled_cases(tmp_path) -> None:
 
 
 def test_adam_steplr_update_2_applies_half_the_lr() -> None:
-    """The issue's example: with the schedule ignored (the harness before issue 12), update 2 moves
+    """The issue's example: with the schedule ignored (the harness before it ran the update path), update 2 moves
     by Adam's step at lr 0.1 instead of 0.05 and misses torch's value by far more than the tolerance."""
     case = CASES["optimizer/torch-adam-steplr"]
     want = float(case.expected.params[2]["theta"])
@@ -71,7 +71,7 @@ def _late(backend: str) -> PatchedBackend:
 
 
 def _old_harness(backend: str) -> PatchedBackend:
-    """The harness before issue 12: the optimizer alone, [schedule] and [clip] silently ignored."""
+    """The harness before it ran the update path: the optimizer alone, [schedule] and [clip] silently ignored."""
     trajectory = Backend(backend).function("optimizers", "run_trajectory")
 
     def run_updates(config, params, windows, position=0, updates_per_epoch=1):

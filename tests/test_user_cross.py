@@ -1,4 +1,4 @@
-"""Your own model on both frameworks (issue 14): the same CNN written in torch and in Flax NNX
+"""Your own model on both frameworks: the same CNN written in torch and in Flax NNX
 (tests/support/cnn_twins.py: the NNX twin keeps torch's layouts and names its classifier `head`,
 mapped to torch's `fc` by `[model] rename`), trained on the bundled digits from the same initial
 weights, agrees update by update (`twinstep compare` at float64's run tolerance, 1e-10), and a

@@ -1,4 +1,4 @@
-"""Your own model and your own data (issue 14), one test body per trainer (`[torch]`, `[jax]`):
+"""Your own model and your own data, one test body per trainer (`[torch]`, `[jax]`):
 a torch nn.Module and a Flax NNX module twinstep does not ship, trained from NumPy arrays through
 `train(config, out, model=..., data=...)`, learn; data passed in trains exactly as the same data
 set named in the config (one pipeline, one protocol); a loss_fn returning (sum, count) trains as

@@ -1,4 +1,4 @@
-"""torchrun with your own model (issue 14): two processes training a user's nn.Module on a user's
+"""torchrun with your own model: two processes training a user's nn.Module on a user's
 arrays through `train(config, out, model=..., data=...)` equal one process with the same global
 batch: DDP, FSDP2 with the default units (each top-level child module that holds parameters) and
 with `[model] fsdp_units`, and a user's loss_fn under both normalizations (micro_batches

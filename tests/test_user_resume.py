@@ -1,4 +1,4 @@
-"""Exact resume with your own model (issue 14), one test body per trainer (`[torch]`, `[jax]`): a
+"""Exact resume with your own model, one test body per trainer (`[torch]`, `[jax]`): a
 run of a user's torch nn.Module / Flax NNX module on a user's arrays, killed with SIGKILL and
 resumed, equals the uninterrupted run bit for bit on the CPU (parameters, optimizer state, buffers
 and NNX state, loss scale, counters, every metrics line).

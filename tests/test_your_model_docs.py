@@ -1,4 +1,4 @@
-"""docs/your_model.md's three worked examples run as written (issue 14, item 7), at small sizes: the
+"""docs/your_model.md's three worked examples run as written, at small sizes: the
 code blocks are read from the page, only the sizes are cut (UPDATES, max_updates, eval_every), and
 `twinstep` is this checkout's `python -m conformance`."""
 

@@ -1,5 +1,5 @@
 """Loss case families of tools/gen_loss_cases.py for -inf logits, broadcast pos_weight, 0/1 masks,
-sigmoid_focal and sample_weight (issue 13 item 4, issue 12 item 6).
+sigmoid_focal and sample_weight.
 
 Expected values: torch.nn.functional in float64 with autograd gradients; torchvision's focal
 formula and Keras's sample_weight reduction from _loss_refs.py. These families draw from their own

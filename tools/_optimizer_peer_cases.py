@@ -1,4 +1,4 @@
-"""The optimizer cases of issue 13 for tools/gen_optimizer_cases.py: decoupled decay on every
+"""The peer-checked optimizer cases for tools/gen_optimizer_cases.py: decoupled decay on every
 optimizer, eps_hat, Keras's semantics (computed by Keras, and quoted from Keras's own tests),
 schedule-free (from the schedulefree package) and the weights' EMA (torch.optim.swa_utils's
 AveragedModel with get_ema_multi_avg_fn, and Keras's use_ema)."""
@@ -13,7 +13,7 @@ from _keras_refs import GOLDENS, golden_inputs
 
 
 def wave2(add: Any) -> None:
-    """Issue 13: decoupled decay on every optimizer, eps_hat, Keras's semantics, schedule-free."""
+    """Decoupled decay on every optimizer, eps_hat, Keras's semantics, schedule-free."""
     dec = {"decoupled_weight_decay": True}
     add("torch-sgd-decoupled", {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.1, **dec}, "open",
         note="SGD, p·(1 − lr·wd) before each step (AdamW's order); w has no gradient in update 1")

@@ -1,4 +1,4 @@
-"""The schedule cases of issue 13 whose expected values come from the peers' own built-ins.
+"""The schedule cases whose expected values come from the peers' own built-ins.
 
 Called by tools/gen_schedule_cases.py (bundled_cases). torch 2.13's ChainedScheduler, CyclicLR (all
 three modes, with and without momentum / beta1 cycling) and ReduceLROnPlateau (min/rel, max/abs,

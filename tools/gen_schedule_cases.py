@@ -262,7 +262,7 @@ def bundled_cases(out: Path) -> None:
                                 [3, 8]), 14, groups=(0.02,))
     tc(out, "sequential-single-part", "one part, no milestones", {"name": "sequential", "schedulers":
        [part("exponential", gamma=0.8)]}, lambda o: S.SequentialLR(o, [S.ExponentialLR(o, 0.8)], []), 6)
-    # issue 13: ChainedScheduler, CyclicLR, ReduceLROnPlateau, Keras's m_mul tests, optax's end values
+    # the peers' own schedulers: ChainedScheduler, CyclicLR, ReduceLROnPlateau, Keras's m_mul tests, optax's end values
     chained_cases(out, tc)
     cyclic_cases(out, tc)
     plateau_cases(out, tc)

@@ -1,4 +1,4 @@
-"""Measure how closely the ports agree (the numbers quoted in docs/porting.md and issue 8's note).
+"""Measure how closely the ports agree (the numbers quoted in docs/porting.md).
 
     python tools/port_measure.py
 

@@ -1,6 +1,6 @@
 """Data files are opened through conformance.files: a FIFO, a device, a socket or a directory named as
 data (`data.path = "/dev/zero"`, a glob that matches a named pipe) is one error line at once, never
-a read that blocks or never ends (issue 16). The open descriptor is checked, then read or mapped:
+a read that blocks or never ends. The open descriptor is checked, then read or mapped:
 np.memmap maps the checked file itself, not whatever the path names later."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One small CNN written twice, as a user would (issue 14): torch (`TorchCNN`) and Flax NNX
+"""One small CNN written twice, as a user would: torch (`TorchCNN`) and Flax NNX
 (`NnxCNN`, built from the torch module's initial weights), for the bundled 8×8 digits.
 
 The NNX twin stores its weights in torch's layout (conv [out, in, kh, kw] over NCHW inputs, linear
