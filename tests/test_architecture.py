@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -373,26 +372,3 @@ def test_negative_control_long_file(tmp_path: Path) -> None:
     _write(tmp_path, {"tools/short.py": "x = 1\n" * MAX_LINES, "tools/long.py": "x = 1\n" * (MAX_LINES + 1)})
     assert long_files(tmp_path) == [f"tools/long.py: {MAX_LINES + 1} lines"]
 
-
-ISSUE_NUMBER = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)
-SOURCE_DIRS = ("conformance", "ref_torch", "ref_jax", "natives", "tools", "bench", "tests")
-
-
-def issue_numbers(text: str) -> list[str]:
-    """The tracker references a source holds ("issue" and a number): comments give reasons, not provenance."""
-    return [m.group(0) for m in ISSUE_NUMBER.finditer(text)]
-
-
-def test_no_source_names_an_issue_number() -> None:
-    root = Path(__file__).resolve().parents[1]
-    found = {str(p.relative_to(root)): issue_numbers(p.read_text()) for d in SOURCE_DIRS
-             for p in sorted((root / d).rglob("*.py"))}
-    assert len(found) > 200
-    assert {p: hits for p, hits in found.items() if hits} == {}
-
-
-def test_negative_control_an_issue_number_is_seen() -> None:
-    assert issue_numbers("# fixed for Issue " + "12, item 3") == ["Issue " + "12"]
-    assert issue_numbers('"""see issue' + ' #7"""') == ["issue" + " #7"]
-    assert issue_numbers("goals (issue" + "\n14)") == ["issue" + "\n14"]  # across a line break
-    assert issue_numbers("# the issue's example, two issues") == []

@@ -1,6 +1,6 @@
 """Measure how closely the ports agree (the numbers quoted in docs/porting.md).
 
-    python tools/port_measure.py
+    python tests/port_measure.py
 
 For every native torch set-up, optax description and snippet configuration of the porting tests:
 the largest |difference| of the parameters, over all updates, between the original (native torch
@@ -10,12 +10,7 @@ backends, the generated torch and optax snippets). Prints one line per family an
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from support.port import (  # noqa: E402
+from support.port import (
     OPTIMIZERS,
     SCHEDULERS,
     config_of,
@@ -23,22 +18,22 @@ from support.port import (  # noqa: E402
     native_run,
     on_backends,
 )
-from test_port_code import OPTIMIZERS as CODE_OPTIMIZERS  # noqa: E402
-from test_port_code import PATHS, SCHEDULES, _config, _values  # noqa: E402
-from test_port_optax import DESCRIPTIONS, SHAPES  # noqa: E402
+from test_port_code import OPTIMIZERS as CODE_OPTIMIZERS
+from test_port_code import PATHS, SCHEDULES, _config, _values
+from test_port_optax import DESCRIPTIONS, SHAPES
 
-from conformance.config import load_config  # noqa: E402
-from conformance.harness.backends import Backend  # noqa: E402
-from conformance.port import from_optax  # noqa: E402
-from conformance.port.verify.native import run_native_optax  # noqa: E402
-from conformance.port.verify.traces import (  # noqa: E402
+from conformance.config import load_config
+from conformance.harness.backends import Backend
+from conformance.port import from_optax
+from conformance.port.verify.native import run_native_optax
+from conformance.port.verify.traces import (
     compare,
     gradient_stream,
     run_backend,
     run_snippet,
 )
-from conformance.port.write.optax_code import optax_code  # noqa: E402
-from conformance.port.write.torch_code import torch_code  # noqa: E402
+from conformance.port.write.optax_code import optax_code
+from conformance.port.write.torch_code import torch_code
 
 
 def from_torch_errors() -> list[tuple[str, float]]:
