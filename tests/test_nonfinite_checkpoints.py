@@ -18,6 +18,7 @@ from conformance import checkpoint as ck
 from conformance.cli import main
 from conformance.config import load_config
 from conformance.errors import TwinstepWarning
+from conformance.rules.inputs import first_nonfinite
 from conformance.run import records
 from conformance.run.loop import open_on_every_rank
 from conformance.run.session import Run
@@ -101,10 +102,10 @@ def test_a_non_finite_state_is_not_written_and_retention_keeps_the_finite_one(op
 
 def test_first_nonfinite_names_nested_tensors() -> None:
     ok = {"model": {"w": np.ones(3)}, "optimizer": {"w": {"v": np.zeros(3)}}, "ema": {}}
-    assert records.first_nonfinite(ok) is None
+    assert first_nonfinite(ok) is None
     bad = {**ok, "optimizer": {"w": {"v": np.array([0.0, -np.inf])}}}
-    assert records.first_nonfinite(bad) == "optimizer/w/v"
-    assert records.first_nonfinite({"steps": np.array([1, 2], np.int64)}) is None  # integers hold no NaN
+    assert first_nonfinite(bad) == "optimizer/w/v"
+    assert first_nonfinite({"steps": np.array([1, 2], np.int64)}) is None  # integers hold no NaN
 
 
 @pytest.mark.parametrize("bad_rank", [0, 1])
@@ -114,7 +115,7 @@ def test_a_sharded_save_is_skipped_on_every_rank_when_any_rank_holds_a_nan(opene
         return {"model/0.weight": (box, (2, 2), (rank, 0))}
 
     other = 1  # this process is rank 0; the exchange carries what rank 1 found in its own slice
-    found_there = records.first_nonfinite({k: b for k, (b, _, _) in pieces(other).items()}) or ""
+    found_there = first_nonfinite({k: b for k, (b, _, _) in pieces(other).items()}) or ""
     exchange = lambda mine: [mine, found_there.encode("utf-8")]  # noqa: E731 (an all-gather of two ranks)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -29,12 +29,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from conformance.config import load_config
 from conformance.errors import NonFiniteError, Preempted, TwinstepError, UnsupportedError
 from conformance.events import Events
 from conformance.harness.backends import PACKAGES
+from conformance.rules.inputs import first_nonfinite
 from conformance.run.metrics import read_metrics
 
 FRAMEWORKS = tuple(b for b in PACKAGES if b != "oracle")
@@ -121,12 +120,10 @@ def _finish(config: Any, result: Any) -> int:
 
 def check_finite(params: Mapping[str, Any]) -> None:
     """Refuse a run that ends with non-finite parameters (NonFiniteError naming the first one)."""
-    for name, value in params.items():
-        arr = np.asarray(value)
-        if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
-            if not np.all(np.isfinite(arr.astype(np.float64))):
-                raise NonFiniteError(f"the run ended with non-finite parameter {name!r} (an update overflowed it: "
-                                     f"lower optimizer.lr or clip the gradients)")
+    name = first_nonfinite(params)
+    if name is not None:
+        raise NonFiniteError(f"the run ended with non-finite parameter {name!r} (an update overflowed it: "
+                             f"lower optimizer.lr or clip the gradients)")
 
 
 def _skipped(path: Path) -> int:

@@ -102,7 +102,7 @@ def load_arrays(spec: DataSpec, seed: int, needs_targets: bool = True) -> Datase
     """The Dataset of data.path (and data.val_path), memory-mapped."""
     train = open_arrays(spec.path or "", "data.path")  # DataSpec requires path
     data: Any = train if spec.val_path is None else (train, open_arrays(spec.val_path, "data.val_path"))
-    val_file = spec.path or "" if spec.val_path is None else spec.val_path  # a split's validation rows are data.path's
+    val_file = (spec.path or "") if spec.val_path is None else spec.val_path  # a split's validation rows: data.path's
     return user_dataset(spec, data, seed, needs_targets, name="arrays", where="data.path",
                         origins=(entry_file(spec.path or ""), entry_file(val_file)))
 

@@ -12,6 +12,9 @@ it; masks of booleans or of numbers that are exactly 0 or 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from conformance.config.loss import LossSpec
@@ -33,6 +36,20 @@ def _first_bad(mask: np.ndarray) -> str:
 def _is_float(x: np.ndarray) -> bool:
     return np.issubdtype(x.dtype, np.floating) or str(x.dtype) == "bfloat16"
 
+
+def first_nonfinite(tensors: Mapping[str, Any]) -> str | None:
+    """The name of the first tensor holding a NaN or an inf ({name: array}, nested tables named
+    `table/name`), or None when every floating-point value is finite."""
+    for name, value in tensors.items():
+        if isinstance(value, Mapping):
+            inner = first_nonfinite(value)
+            if inner is not None:
+                return f"{name}/{inner}"
+            continue
+        arr = np.asarray(value)
+        if _is_float(arr) and not np.all(np.isfinite(arr.astype(np.float64))):
+            return name
+    return None
 
 def check_finite(name: str, x: np.ndarray, allow_neg_inf: bool = False) -> None:
     """Raise InputError naming the first NaN/Inf element of a floating array (-inf allowed on request)."""

@@ -10,32 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from conformance import checkpoint as ckpt
 from conformance.config import dump_config
 from conformance.data import Window
 from conformance.errors import TwinstepWarning
+from conformance.rules.inputs import first_nonfinite
 from conformance.run.session import Run
 
 
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
-
-
-def first_nonfinite(tensors: Mapping[str, Any]) -> str | None:
-    """The name of the first tensor holding a NaN or an inf ({name: array}, nested tables named
-    `table/name`), or None when every floating-point value is finite."""
-    for name, value in tensors.items():
-        if isinstance(value, Mapping):
-            inner = first_nonfinite(value)
-            if inner is not None:
-                return f"{name}/{inner}"
-            continue
-        arr = np.asarray(value)
-        if (arr.dtype.kind == "f" or arr.dtype.name == "bfloat16") and not np.all(np.isfinite(arr.astype(np.float64))):
-            return name
-    return None
 
 
 def _not_written(updates_done: int, bad: str) -> None:

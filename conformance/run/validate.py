@@ -54,6 +54,7 @@ from conformance.errors import CheckpointError, ConfigError, InputError
 from conformance.rules import plateau as plateau_rules
 from conformance.rules.ema import ema_dtype, ema_due
 from conformance.rules.groups import group_base_lrs, resolve_groups
+from conformance.rules.inputs import first_nonfinite
 from conformance.rules.schedules import start_lrs
 from conformance.rules.state import check_state
 
@@ -239,13 +240,11 @@ def _ema(where: Path, model: Mapping[str, np.ndarray], ema: Mapping[str, np.ndar
 
 
 def _weights(where: Path, model: dict[str, Any]) -> None:
-    for name, value in model.items():
-        if getattr(value, "lazy", False):  # a sharded checkpoint's slice reader checks finiteness on reading
-            continue
-        arr = np.asarray(value)
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise CheckpointError(f"{where}: model/{name} holds non-finite values; no run continues from NaN or "
-                                  f"inf weights (resume from an older checkpoint: twinstep checkpoint verify)")
+    # a sharded checkpoint's lazy slices are checked by their reader, on reading
+    name = first_nonfinite({k: v for k, v in model.items() if not getattr(v, "lazy", False)})
+    if name is not None:
+        raise CheckpointError(f"{where}: model/{name} holds non-finite values; no run continues from NaN or "
+                              f"inf weights (resume from an older checkpoint: twinstep checkpoint verify)")
 
 
 def _loss_scale(w: _Where, saved: Any, config: Config) -> None:
