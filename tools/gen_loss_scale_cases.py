@@ -1,12 +1,16 @@
-"""Write loss_scale conformance cases whose expected values come from a real torch.amp.GradScaler.
+"""Write loss_scale conformance cases whose expected values come from GradScaler's equations,
+checked against torch's own kernel.
 
     python tools/gen_loss_scale_cases.py [OUT_DIR]   # default: conformance/cases/loss_scale/generated
 
-Each case drives torch.amp.GradScaler("cpu") with one float32 parameter and SGD: a non-finite
-update gets an inf gradient (the loss is multiplied by inf), a finite one a finite gradient. The
-expected `scale` is scaler.get_scale() before scaler.update() (the scale the update used),
-`skipped` whether SGD left the parameter untouched, `growth_tracker` scaler.state_dict()'s
-"_growth_tracker" after update(). Never twinstep's code.
+The expected trace is written from the rule of torch's `_amp_update_scale_` kernel (the one
+`GradScaler.update()` calls; aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp): the scale is a
+float32; an overflow multiplies it by `backoff_factor` in double and rounds to float32 and resets
+the tracker; `growth_interval` finite updates in a row multiply it by `growth_factor` the same way,
+kept only if the float32 result is finite, and reset the tracker. A non-finite update is skipped.
+Every trace is then replayed through `torch._amp_update_scale_` itself and must agree bit for bit.
+The `torch-native` backend drives a whole GradScaler with SGD as users do: a different path from
+both of these, so it is graded, not copied. Never twinstep's code.
 """
 
 from __future__ import annotations
@@ -25,33 +29,52 @@ TORCH = f"torch {torch.__version__.split('+')[0]}"
 DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
-def run_grad_scaler(finite: list[bool], args: dict[str, Any]) -> dict[str, list]:
-    p = torch.nn.Parameter(torch.tensor([1.0]))
-    opt = torch.optim.SGD([p], lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", **{k: args.get(k, v) for k, v in DEFAULTS.items()})
+def equations(finite: list[bool], args: dict[str, Any]) -> dict[str, list]:
+    """The scale each update uses, whether it is skipped, and the tracker after the update."""
+    a = {**DEFAULTS, **args}
+    scale, tracker = np.float32(a["init_scale"]), 0
     out: dict[str, list] = {"scale": [], "skipped": [], "growth_tracker": []}
     for ok in finite:
-        opt.zero_grad(set_to_none=True)
-        loss = (p * p).sum() * (1.0 if ok else float("inf"))
-        scaler.scale(loss).backward()
-        out["scale"].append(scaler.get_scale())
-        before = p.detach().clone()
-        scaler.step(opt)
-        out["skipped"].append(bool(torch.equal(before, p.detach())))
-        scaler.update()
-        out["growth_tracker"].append(int(scaler.state_dict()["_growth_tracker"]))
+        out["scale"].append(float(scale))
+        out["skipped"].append(not ok)
+        if not ok:
+            # float * double is a double in C++; the store rounds it to float32
+            scale, tracker = np.float32(float(scale) * a["backoff_factor"]), 0
+        elif tracker + 1 == a["growth_interval"]:
+            with np.errstate(over="ignore"):  # an overflow to inf is the case the kernel guards
+                grown = np.float32(float(scale) * a["growth_factor"])
+            scale, tracker = (grown if np.isfinite(grown) else scale), 0
+        else:
+            tracker += 1
+        out["growth_tracker"].append(tracker)
+    return out
+
+
+def torch_kernel(finite: list[bool], args: dict[str, Any]) -> dict[str, list]:
+    """The same trace from torch._amp_update_scale_, the kernel GradScaler.update() runs."""
+    a = {**DEFAULTS, **args}
+    scale = torch.full((), a["init_scale"], dtype=torch.float32)
+    tracker = torch.zeros((), dtype=torch.int32)
+    out: dict[str, list] = {"scale": [], "skipped": [], "growth_tracker": []}
+    for ok in finite:
+        out["scale"].append(scale.item())
+        out["skipped"].append(not ok)
+        found_inf = torch.full((), 0.0 if ok else 1.0)
+        torch._amp_update_scale_(scale, tracker, found_inf, a["growth_factor"], a["backoff_factor"],
+                                 a["growth_interval"])
+        out["growth_tracker"].append(int(tracker.item()))
     return out
 
 
 def write(name: str, finite: list[bool], precision: dict[str, Any], desc: str, out: Path) -> None:
     args = {k: v for k, v in precision.items() if k in DEFAULTS}
-    got = run_grad_scaler(finite, args)
-    if got["skipped"] != [not f for f in finite]:
-        raise SystemExit(f"{name}: GradScaler skipped {got['skipped']} for finite = {finite}")
+    got = equations(finite, args)
+    if got != torch_kernel(finite, args):
+        raise SystemExit(f"{name}: the equations and torch._amp_update_scale_ disagree")
     case = {
         "id": f"loss_scale/{name}", "kind": "loss_scale",
-        "source": f"{TORCH} torch.amp.GradScaler('cpu') run with injected inf gradients "
-                  "(tools/gen_loss_scale_cases.py)",
+        "source": f"GradScaler's update equations (torch's _amp_update_scale_ kernel), checked bit for bit "
+                  f"against {TORCH} torch._amp_update_scale_ (tools/gen_loss_scale_cases.py)",
         "description": desc, "precision": precision, "inputs": {"finite": finite},
         "expected": got, "tolerance": {"atol": 0.0, "rtol": 0.0},
     }
