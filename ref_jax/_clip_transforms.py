@@ -1,13 +1,18 @@
-"""optax GradientTransformations for the clipping rules optax lacks (torch's eps, p-norms, per leaf).
+"""The clipping rules of conformance.config.clip, chosen by mode in one place (`clip_with_norm`):
+what the twin's clipping module and the trainer's update apply.
 
-`clip_with_norm(spec, grads, norm)` is the trainer's update's choice of rule, by mode, in one
-place (the torch counterpart: ref_torch._clip_transforms). `clip_transform(spec)` returns optax's
-own transform where it computes exactly the spec's rule (optax.clip for clip_value;
-optax.clip_by_global_norm for eps = 0 with the 2-norm) and a custom stateless transform
-otherwise, so it composes in an optax.chain:
-
-    tx = optax.chain(clip_transform(spec), optax.adamw(1e-3))
+The rules: eps > 0 is torch's clip_grad_norm_ (always multiply by min(c / (n + eps), 1)); eps = 0
+is optax.clip_by_global_norm's select (unchanged when n < c, else g / n · c); clip_value is
+torch's clip_grad_value_ (optax.clip). Each twin applies them the way its framework keeps
+gradients: ref_torch in place, ref_jax as new arrays.
 """
+
+# Besides the rules by mode, optax GradientTransformations for the clipping rules optax lacks
+# (torch's eps, p-norms, per leaf): `clip_transform(spec)` returns optax's own transform where it
+# computes exactly the spec's rule (optax.clip for clip_value; optax.clip_by_global_norm for eps = 0
+# with the 2-norm) and a custom stateless transform otherwise, so it composes in an optax.chain:
+#
+#     tx = optax.chain(clip_transform(spec), optax.adamw(1e-3))
 
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ def tree_total_norm(tree: Any, p: float) -> Any:
 
 
 def scale_by_norm(x: Any, norm: Any, max_norm: float, eps: float) -> Any:
-    """One gradient clipped against `norm`: torch's rule for eps > 0, optax's select for eps = 0."""
+    """Gradients clipped against `norm`: torch's rule for eps > 0, optax's select for eps = 0."""
+    # one array, returned new (mapped over a pytree by the callers)
     norm = norm.astype(x.dtype)
     if eps == 0:
         # optax's select; written as x * (1 / n) because XLA rewrites optax's x / n to exactly that
@@ -90,7 +96,8 @@ def clip_transform(spec: ClipSpec) -> optax.GradientTransformation:
 
 def clip_with_norm(spec: ClipSpec, grads: Any, norm: Any) -> Any:
     """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
-    global-norm rule reuses (torch's clip_grad_norm_ computes it once too). Pure: new arrays."""
+    global-norm rule reuses (no second pass over the gradients)."""
+    # pure: new arrays (torch's clip_grad_norm_ computes the norm once too)
     if spec.mode == "global_norm":
         return jax.tree.map(lambda g: scale_by_norm(g, norm, spec.max_norm, spec.eps), grads)
     clip = clip_transform(spec)

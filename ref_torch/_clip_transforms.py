@@ -1,9 +1,10 @@
-"""The clipping rules applied in place, chosen by mode in one place (clip_with_norm): the torch
-counterpart of ref_jax._clip_transforms, used by ref_torch.clipping and the trainer's update.
+"""The clipping rules of conformance.config.clip, chosen by mode in one place (`clip_with_norm`):
+what the twin's clipping module and the trainer's update apply.
 
-The rules are conformance.config.clip's: eps > 0 is torch's clip_grad_norm_ (always multiply by
-min(c / (n + eps), 1)); eps = 0 is optax.clip_by_global_norm's select (unchanged when n < c, else
-g / n · c); clip_value is torch's clip_grad_value_.
+The rules: eps > 0 is torch's clip_grad_norm_ (always multiply by min(c / (n + eps), 1)); eps = 0
+is optax.clip_by_global_norm's select (unchanged when n < c, else g / n · c); clip_value is
+torch's clip_grad_value_ (optax.clip). Each twin applies them the way its framework keeps
+gradients: ref_torch in place, ref_jax as new arrays.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ class _GradRef(NamedTuple):
 
 
 def scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
-    """Gradients clipped in place against `norm`: torch's rule for eps > 0, optax's select for eps = 0."""
-    # outside autograd (torch's clip_grads_with_norm_ runs under no_grad itself)
+    """Gradients clipped against `norm`: torch's rule for eps > 0, optax's select for eps = 0."""
+    # in place, a list of tensors at once (one foreach kernel); outside autograd (torch's clip_grads_with_norm_ runs under no_grad itself)
     if spec.eps == TORCH_EPS:
         torch.nn.utils.clip_grads_with_norm_(list(map(_GradRef, grads)), spec.max_norm, norm)
         return
@@ -43,10 +44,11 @@ def scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
 @torch.no_grad()
 def clip_with_norm(spec: ClipSpec, grads: Mapping[str, Any], norm: Any,
                    reduce_norm: Callable[[Any, float], Any] | None = None) -> None:
-    """Clip `grads` (name -> gradient or None) in place by spec.mode; `norm` is their total norm
-    before clipping, which the global-norm rule reuses (no second pass over the gradients).
-    reduce_norm(norms, p): sharded parameters (FSDP), each parameter's norm over every rank's shard
-    from this rank's, one all-reduce for all of them (clip.per_parameter)."""
+    """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
+    global-norm rule reuses (no second pass over the gradients)."""
+    # In place on `grads` (name -> gradient or None). reduce_norm(norms, p): sharded parameters
+    # (FSDP), each parameter's norm over every rank's shard from this rank's, one all-reduce for all
+    # of them (clip.per_parameter).
     mode = spec.mode
     present = [g for g in grads.values() if g is not None]
     if mode == "none" or not present:

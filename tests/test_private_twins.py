@@ -39,7 +39,6 @@ import ref_torch
 # Pairs that are not twins yet, with why; only ever shrinks (see WAS_NOT_ALIGNED).
 NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "torch assembles torch.optim objects, JAX one optax transform; not yet gone through"),
-    ("_clip_transforms", "not yet gone through"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_model", "not yet gone through"),
     ("_muon", "being edited by its owners in this checkout; aligned after their change lands"),
@@ -58,10 +57,23 @@ WAS_NOT_ALIGNED = frozenset({
 })
 
 # (module, name) -> why the definition exists on that side only.
-FRAMEWORK_ONLY: dict[tuple[str, str], str] = {}
+_OPTAX_CHAIN = "optax's clipping is a GradientTransformation in an optax.chain; torch clips the gradients in place"
+_NORMS = "torch.nn.utils.get_total_norm; optax has no p-norm of a pytree"
+FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
+    ("ref_jax._clip_transforms", "leaf_norm"): _NORMS,
+    ("ref_jax._clip_transforms", "tree_total_norm"): _NORMS,
+    ("ref_jax._clip_transforms", "clip_by_global_norm_torch"): _OPTAX_CHAIN,
+    ("ref_jax._clip_transforms", "clip_by_leaf_norm"): _OPTAX_CHAIN,
+    ("ref_jax._clip_transforms", "clip_transform"): _OPTAX_CHAIN,
+}
 
 # (pair, name or Class.method) -> why the two signatures differ.
-OWN_SIGNATURES: dict[tuple[str, str], str] = {}
+OWN_SIGNATURES: dict[tuple[str, str], str] = {
+    ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "
+                                           "JAX returns one new array, mapped over a pytree by optax transforms",
+    ("_clip_transforms", "clip_with_norm"): "torch clips in place and reduces the norms of FSDP shards over ranks "
+                                            "(reduce_norm); JAX returns new arrays, whose norms XLA reduces",
+}
 
 
 def _private_modules(pkg: ModuleType) -> set[str]:
