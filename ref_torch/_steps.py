@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -37,24 +37,16 @@ from ref_torch.losses import LossOutput
 from ref_torch.optimizers import build_optimizer, to_eval_point, to_train_point
 from ref_torch.precision import LossScaler, init_skip_state
 
-class Given(NamedTuple):
-    """What train() was given besides the config: a model, the data's Dataset, a loss_fn (or None)."""
-
-    model: Any
-    dataset: Any
-    loss_fn: Callable[[Any, Any], Any] | None
-
-
 class Steps:
     """The framework steps of a run (conformance.run.loop.Steps): model, optimizer, schedule
     and loss scale built, then restored from run.checkpoint when resuming."""
 
-    def __init__(self, run: Run, device: torch.device, given: Given) -> None:
+    def __init__(self, run: Run, device: torch.device, model: Any, loss_fn: Callable[[Any, Any], Any] | None) -> None:
         config = self.config = run.config
-        self.run, self.device, self.given = run, device, given
+        self.run, self.device, self.loss_fn = run, device, loss_fn
         rt.seed_everything(config.run.seed + run.rank)
         self.pdtype = framework_dtype(config.precision.param_dtype)
-        model = _model.make(config, run.data.info, device, given.model)
+        model = _model.make(config, run.data.info, device, model)
         if run.world_size > 1 and config.run.parallel == "fsdp":
             _fsdp.check(config)
         # FSDP shards `model` in place
@@ -86,7 +78,7 @@ class Steps:
         self.world = ddp.World(run.world_size, device, wrapped)  # how an update reduces over the ranks
         self.device_name = rt.device_name(device)
         self.observing = isinstance(self.scheduler, MetricPlateau)  # reduce_on_plateau observes each evaluation
-        self.batch_loss = _model.batch_loss_fn(config, forward, given.loss_fn)
+        self.batch_loss = _model.batch_loss_fn(config, forward, loss_fn)
         self.plain = _plain_loss(self.batch_loss)  # one process, nobody watching, nothing injected: the lean call
 
     def update(self, t: int) -> Update:
@@ -94,12 +86,12 @@ class Steps:
         config, run, params, optimizer = self.config, self.run, self.params, self.optimizer
         t0 = time.perf_counter()
         window = run.data.window(t)  # the data position is the update count: a pure function of t
-        batches, counts = _prepare(config, run, window, self.device, self.pdtype, self.given.loss_fn is not None)
+        batches, counts = _prepare(config, run, window, self.device, self.pdtype, self.loss_fn is not None)
         lrs = [float(g["lr"]) for g in optimizer.param_groups]  # the lr update t applies
         t1 = time.perf_counter()
         inject = injected(config, t)
         loss_fn = self.plain if run.world_size == 1 and run.events is None and not inject else \
-            _loss_fn(config, self.batch_loss, run, inject, t, self.given.loss_fn, self.device)
+            _loss_fn(config, self.batch_loss, run, inject, t, self.loss_fn, self.device)
         to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
         self.skips, info = apply_update(self.specs, params, optimizer, self.scheduler, self.objs.scaler, self.skips,
                                         loss_fn, batches, counts, update=t, world=self.world)
@@ -113,7 +105,7 @@ class Steps:
     def evaluate(self, t: int) -> EvalTotals:
         """Validation sums after update t over every rank, with the weights evaluations see."""
         with _evaluation_weights(self.config, self.objs):
-            return _evaluate(self.config, self.run, self.objs.model, self.device, self.pdtype, self.given.loss_fn)
+            return _evaluate(self.config, self.run, self.objs.model, self.device, self.pdtype, self.loss_fn)
 
     def observe(self, record: Mapping[str, Any]) -> None:
         """An evaluation's record, for a schedule that watches it (reduce_on_plateau)."""

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -85,7 +85,7 @@ from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.session import TrainResult
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
-from ref_torch._steps import Given, Steps
+from ref_torch._steps import Steps
 from ref_torch.precision import numerics_context
 
 __all__ = ["train"]
@@ -104,11 +104,20 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     rank_, world, local = resolve_world(rank, world_size)
     device = rt.pick_device(config.run.device, local)
     created = ddp.setup(rank_, world, device)
-    given = Given(model, given_dataset(config, data, loss_fn is not None), loss_fn)
+    given = _Given(model, given_dataset(config, data, loss_fn is not None), loss_fn)
     with ddp.finally_teardown(created), numerics_context(config.precision), \
             rt.determinism(config.run.deterministic, device):
         return _train(config, Path(out_dir), resume, rank_, world, device, progress or config.run.progress, events,
                       given)
+
+
+class _Given(NamedTuple):
+    """What train() was given besides the config: a model, the data's Dataset, a loss_fn (or None),
+    carried as one value into the process group's context."""
+
+    model: Any
+    dataset: Any
+    loss_fn: Callable[[Any, Any], Any] | None
 
 
 def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
@@ -116,11 +125,11 @@ def _as_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config
 
 
 def _train(config: Config, out: Path, resume: bool, rank: int, world: int, device: torch.device,
-           progress: str, events: Events | None, given: Given) -> TrainResult:
+           progress: str, events: Events | None, given: _Given) -> TrainResult:
     run = open_on_every_rank(lambda ok: ddp.agree(ok, world), config, out, "torch", resume=resume, rank=rank,
                              world_size=world, progress=progress, events=events, dataset=given.dataset,
                              check_loss=given.loss_fn is None)
     try:
-        return drive(run, Steps(run, device, given))
+        return drive(run, Steps(run, device, given.model, given.loss_fn))
     finally:
         run.close()

@@ -45,7 +45,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_parallel", "torch.distributed process groups vs one jax.sharding mesh; not yet gone through"),
     ("_schedule_free", "not yet gone through"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_steps", "not yet gone through"),
     ("_train_state", "not yet gone through"),
     ("_update", "not yet gone through"),
 )
