@@ -86,7 +86,7 @@ class Steps:
         overlap = self.prepared[2] if self.prepared is not None else 0.0
         out = jax.device_get(out)  # the update's one wait for the device: every metric in one transfer
         info = finish_update(self.specs, state.update, out.info, update=t)
-        return Update(window, info, _lrs(out), data_s, max(time.perf_counter() - t0 - overlap, 0.0))
+        return Update(window, info._asdict(), _lrs(out), data_s, max(time.perf_counter() - t0 - overlap, 0.0))
 
     def evaluate(self, t: int) -> EvalTotals:
         """Validation sums after update t over every rank, with the weights evaluations see."""

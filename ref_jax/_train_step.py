@@ -25,7 +25,7 @@ from conformance.config import Config
 from conformance.data.user import SAMPLE_MASK
 from conformance.rules.schedules import cycled_hyperparameter
 from ref_jax._parallel import Placement
-from ref_jax._update import UpdateInfo, UpdateSpecs, UpdateState, make_update_step
+from ref_jax._update import DeviceInfo, UpdateSpecs, UpdateState, make_update_step
 from ref_jax._window import WindowLayout, masked_loss
 from ref_jax.losses import LossOutput, compute_loss
 from ref_jax.precision import Policy
@@ -44,7 +44,7 @@ class TrainState(NamedTuple):
 class StepOutput(NamedTuple):
     """One update's device-side results: the update path's info and the lr of every group."""
 
-    info: UpdateInfo
+    info: DeviceInfo
     lrs: Any
 
 

@@ -1,19 +1,25 @@
-"""One optimizer update, the whole path, for the JAX trainer and tests/test_update_path.py.
+"""One optimizer update, the whole path, for the trainer and tests/test_update_path.py.
 
-    scale → grad over the window (accumulation) → unscale + finite check → clip → tx.update, kept only
-    if finite (else parameters and optimizer state stay as they were) → loss-scale update
+    scale → gradients over the window (accumulation) → unscale + finite check → clip → the
+    optimizer's step, or a skip → loss-scale update → the schedule advanced or held
 
-`make_update_step` returns one pure function (jit it once) over an UpdateState; the host then calls
-`finish_update` to apply the non-finite policy (a jitted step cannot raise). Hyper-parameters are
-set per update through `hyperparams`: for the twinstep optimizer (ref_jax.optimizers) a sequence
-with one dict per parameter group, e.g. [{"lr": schedule(t)}], applied with set_group_hyperparams;
-for a tx built with optax.inject_hyperparams a mapping ({"learning_rate": ...}). Either way they
-are arrays inside jit, so a new value never recompiles, and a skipped update holds or advances the
-schedule exactly as the torch trainer's scheduler.step() does (the caller picks the position).
-
-The window's gradients come from ref_jax.accumulation.accumulate_gradients, the one accumulation
-loop (over a window laid out at a fixed shape with masks: ref_jax._window).
+A skipped update leaves parameters and optimizer state as they were, is counted in SkipState, and
+advances the schedule only with schedule_on_skip = "advance". The non-finite policy raises before
+anything is applied, so the last good state stays intact. Both twins return the update's metrics
+as an UpdateInfo; ref_torch runs the update eagerly and in place (apply_update), ref_jax as one pure
+function to jit (make_update_step) and a host part (finish_update), because a jitted step cannot
+raise.
 """
+
+# The JAX side: `make_update_step` returns one pure function (jit it once) over an UpdateState; the
+# host then calls `finish_update` to apply the non-finite policy. Hyper-parameters are set per
+# update through `hyperparams`: for the twinstep optimizer (ref_jax.optimizers) a sequence with one
+# dict per parameter group, e.g. [{"lr": schedule(t)}], applied with set_group_hyperparams; for a tx
+# built with optax.inject_hyperparams a mapping ({"learning_rate": ...}). Either way they are arrays
+# inside jit, so a new value never recompiles, and a skipped update holds or advances the schedule
+# exactly as the torch trainer's scheduler.step() does (the caller picks the position). The
+# window's gradients come from ref_jax.accumulation.accumulate_gradients, the one accumulation loop
+# (over a window laid out at a fixed shape with masks: ref_jax._window).
 
 from __future__ import annotations
 
@@ -45,9 +51,21 @@ from ref_jax.precision import (
 
 
 class UpdateSpecs(NamedTuple):
+    """The config sections an update reads: accumulation, clip and precision (read once per run)."""
+
     accumulation: AccumulationSpec
     clip: ClipSpec
     precision: PrecisionSpec
+
+
+class UpdateInfo(NamedTuple):
+    """What the metrics line of one update needs (docs/contract.md §5)."""
+
+    loss: float
+    grad_norm: float
+    skipped: bool
+    loss_scale: float | None
+    schedule_advanced: bool
 
 
 class UpdateState(NamedTuple):
@@ -61,8 +79,8 @@ class UpdateState(NamedTuple):
     model_state: Any = None
 
 
-class UpdateInfo(NamedTuple):
-    """Device-side results of one update; finish_update turns them into metrics."""
+class DeviceInfo(NamedTuple):
+    """Device-side results of one update; finish_update turns them into its UpdateInfo."""
 
     loss: Any
     grad_norm: Any
@@ -88,7 +106,7 @@ def _with_hyperparams(opt_state: Any, hyperparams: Hyperparams) -> Any:
 
 def make_update_step(
     specs: UpdateSpecs, tx: optax.GradientTransformation, loss_fn: Callable[[Any, Any], Any],
-) -> Callable[..., tuple[UpdateState, UpdateInfo]]:
+) -> Callable[..., tuple[UpdateState, DeviceInfo]]:
     """step(state, window, counts=None, hyperparams=None) -> (state, info): one pure update over a
     window laid out by ref_jax._window (accumulate_gradients(specs.accumulation, loss_fn, ...)).
     With state.model_state (not None), loss_fn(params, micro_batch, model_state) -> (LossOutput,
@@ -97,7 +115,7 @@ def make_update_step(
     prec = specs.precision
 
     def step(state: UpdateState, window: Any, counts: Any = None,
-             hyperparams: Hyperparams = None) -> tuple[UpdateState, UpdateInfo]:
+             hyperparams: Hyperparams = None) -> tuple[UpdateState, DeviceInfo]:
         scaler = (lambda loss: scale_loss(state.scale, loss)) if prec.dynamic_scaling else None
         grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
                                           scale_loss=scaler, model_state=state.model_state)
@@ -123,23 +141,20 @@ def make_update_step(
         new_state = UpdateState(keep(new_params, state.params), keep(new_opt, opt_state),
                                 update_scale(prec, state.scale, finite), record_update(state.skips, finite),
                                 out.model_state)
-        info = UpdateInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags)
+        info = DeviceInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags)
         return new_state, info
 
     return step
 
 
-def finish_update(specs: UpdateSpecs, state: UpdateState, info: UpdateInfo,
-                  update: int | None = None) -> dict[str, Any]:
-    """Host side of an update: apply the non-finite policy (NonFiniteError) and return the metrics
-    {loss, grad_norm, skipped, loss_scale, schedule_advanced}."""
+def finish_update(specs: UpdateSpecs, state: UpdateState, info: DeviceInfo,
+                  update: int | None = None) -> UpdateInfo:
+    """Host side of an update: apply the non-finite policy (NonFiniteError) and return the metrics."""
     skipped = bool(info.skipped)
     if skipped:
         check_nonfinite(specs.precision, state.skips, info.loss_finite, info.grads_finite, update)
     else:
         check_norm(specs.clip, info.grad_norm, info.grads_finite)
-    return {
-        "loss": float(info.loss), "grad_norm": float(info.grad_norm), "skipped": skipped,
-        "loss_scale": float(info.loss_scale) if specs.precision.dynamic_scaling else None,
-        "schedule_advanced": specs.precision.schedule_advances(skipped),
-    }
+    return UpdateInfo(float(info.loss), float(info.grad_norm), skipped,
+                      float(info.loss_scale) if specs.precision.dynamic_scaling else None,
+                      specs.precision.schedule_advances(skipped))

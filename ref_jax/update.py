@@ -81,6 +81,6 @@ def _run(config: Config, params: Mapping[str, np.ndarray], windows: Sequence[Seq
         metrics = finish_update(specs, state, info, update=t)
         out["params"].append({k: np.asarray(v, np.float64) for k, v in state.params.items()})
         out["lrs"].append({name: lrs[i] for i, g in enumerate(groups) for name in g.names})
-        out["skipped"].append(bool(metrics["skipped"]))
-        out["scales"].append(metrics["loss_scale"])
+        out["skipped"].append(bool(metrics.skipped))
+        out["scales"].append(metrics.loss_scale)
     return out

@@ -1,11 +1,14 @@
-"""One optimizer update, the whole path, for the torch trainer and tests/test_update_path.py.
+"""One optimizer update, the whole path, for the trainer and tests/test_update_path.py.
 
-    scale → backward over the window (accumulation) → unscale + finite check → clip → optimizer.step()
-    or skip → scaler update → scheduler.step() or hold
+    scale → gradients over the window (accumulation) → unscale + finite check → clip → the
+    optimizer's step, or a skip → loss-scale update → the schedule advanced or held
 
-A skipped update leaves parameters and optimizer state untouched (optimizer.step() is not called),
-is counted in SkipState, and advances the scheduler only with schedule_on_skip = "advance".
-The non-finite policy raises before anything is applied, so the last good state stays intact.
+A skipped update leaves parameters and optimizer state as they were, is counted in SkipState, and
+advances the schedule only with schedule_on_skip = "advance". The non-finite policy raises before
+anything is applied, so the last good state stays intact. Both twins return the update's metrics
+as an UpdateInfo; ref_torch runs the update eagerly and in place (apply_update), ref_jax as one pure
+function to jit (make_update_step) and a host part (finish_update), because a jitted step cannot
+raise.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from ref_torch.precision import (
 
 
 class UpdateSpecs(NamedTuple):
+    """The config sections an update reads: accumulation, clip and precision (read once per run)."""
+
     accumulation: AccumulationSpec
     clip: ClipSpec
     precision: PrecisionSpec

@@ -108,7 +108,7 @@ def test_neg_inf_target_logit_in_training_is_a_skipped_update() -> None:
         new, info = jupd.make_update_step(specs, tx, jloss)(state, stack_window([{"x": x, "y": y, "ban": ban}], None, 1,
                                                                                 np.float64))
         metrics = jupd.finish_update(specs, new, info)
-    assert metrics["skipped"] and np.isfinite(metrics["grad_norm"])
+    assert metrics.skipped and np.isfinite(metrics.grad_norm)
     np.testing.assert_array_equal(np.asarray(new.params["w"]), w0)
 
 

@@ -46,7 +46,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_schedule_free", "not yet gone through"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_train_state", "not yet gone through"),
-    ("_update", "not yet gone through"),
 )
 
 # Every pair that was in NOT_YET_ALIGNED when this file was written: the list may lose entries only.
@@ -64,6 +63,17 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._clip_transforms", "clip_by_global_norm_torch"): _OPTAX_CHAIN,
     ("ref_jax._clip_transforms", "clip_by_leaf_norm"): _OPTAX_CHAIN,
     ("ref_jax._clip_transforms", "clip_transform"): _OPTAX_CHAIN,
+    ("ref_torch._update", "apply_update"): "torch runs the update eagerly and in place; JAX splits it into a jitted "
+                                           "pure step (make_update_step) and the host's finish_update",
+    ("ref_jax._update", "UpdateState"): "torch's parameters, optimizer and loss scale are objects updated in place; "
+                                        "a pure JAX step takes and returns them as one value",
+    ("ref_jax._update", "DeviceInfo"): "a jitted step cannot read values on the host or raise: its results stay on "
+                                       "the device until finish_update",
+    ("ref_jax._update", "Hyperparams"): "optax hyper-parameters are arrays passed into the jitted step; torch sets "
+                                        "them on the optimizer's param_groups",
+    ("ref_jax._update", "make_update_step"): "the jitted half of JAX's update (torch: apply_update)",
+    ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
+                                          "raise (torch: apply_update)",
 }
 
 # (pair, name or Class.method) -> why the two signatures differ.

@@ -166,8 +166,8 @@ def run_jax(params0: dict, batches: list, precision: PrecisionSpec, normalize: s
         trace["params"].append({k: np.asarray(v, np.float64) for k, v in state.params.items()})
         trace["opt_state"].append(state.opt_state)
         for key in ("skipped", "norm"):
-            trace[key].append(metrics["grad_norm" if key == "norm" else key])
-        trace["scale"].append(metrics["loss_scale"])
+            trace[key].append(getattr(metrics, "grad_norm" if key == "norm" else key))
+        trace["scale"].append(metrics.loss_scale)
     return trace
 
 
@@ -357,5 +357,5 @@ def test_nonfinite_loss_with_finite_gradients_is_skipped() -> None:
         state = jupd.UpdateState(jparams, tx.init(jparams), jp.init_scale_state(precision), jp.init_skip_state())
         new, info = jupd.make_update_step(specs, tx, jloss)(state, jax_window(batches))
         metrics = jupd.finish_update(specs, new, info)
-    assert metrics["skipped"] and math.isfinite(metrics["grad_norm"]) and float(new.scale.scale) == 2.0
+    assert metrics.skipped and math.isfinite(metrics.grad_norm) and float(new.scale.scale) == 2.0
     np.testing.assert_array_equal(np.asarray(new.params["w"]), params0["w"])
