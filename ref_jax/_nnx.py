@@ -20,11 +20,11 @@ def set_autocast(model: nnx.Module, dtype: Any) -> None:
 
 def param_paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:
     """Every parameter's nnx state path by neutral name, in model.param_names' order: the path
-    joined with "." (the mlp's nnx.List, `layers`, is not part of its names)."""
-    from ref_jax.models import MLP  # models imports this module
-
+    joined with "." (a model's `unnamed_container`, e.g. the mlp's nnx.List `layers`, is not part of
+    its names, as torch's nn.Sequential has no name for its layers)."""
+    unnamed = getattr(model, "unnamed_container", None)
     found = {}
     for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         parts = [str(p) for p in path]
-        found[".".join(parts[1:] if isinstance(model, MLP) else parts)] = tuple(path)
+        found[".".join(parts[1:] if parts[0] == unnamed else parts)] = tuple(path)
     return {name: found[name] for name in model.param_names}

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from conformance.config.model import ModelSpec
-from conformance.data.datasets import DataInfo
+from conformance.data.splits import DataInfo
 from conformance.errors import UnsupportedError
 from conformance.rules.models import (
     LN_EPS,
@@ -121,6 +121,8 @@ class LinearModel(nnx.Module):
 class MLP(nnx.Module):
     """Per hidden width: Linear, activation, LayerNorm (optional); then Linear. Parameters are named
     by position as in nn.Sequential: `0.weight` [h, in], `0.bias`, `2.weight` (LayerNorm), ..."""
+
+    unnamed_container = "layers"  # the names are nn.Sequential's positions, without this list's name
 
     def __init__(self, in_features: int, hidden: list[int], out_features: int, activation: str = "gelu",
                  norm: str = "layernorm", bias: bool = True, dtype: Any = jnp.float32) -> None:

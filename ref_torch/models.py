@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance.config.model import ModelSpec
-from conformance.data.datasets import DataInfo
+from conformance.data.splits import DataInfo
 from conformance.rules.models import (
     LN_EPS,
     check_model_input,

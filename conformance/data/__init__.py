@@ -6,16 +6,7 @@ sampling.py for the index arithmetic; docs/models.md ("Data") for the semantics.
 
 from __future__ import annotations
 
-from conformance.data.datasets import (
-    ArraySplit,
-    DataInfo,
-    Dataset,
-    TokenSplit,
-    check_split,
-    default_corpus,
-    digits_raw,
-    load_dataset,
-)
+from conformance.data.datasets import default_corpus, digits_raw, load_dataset
 from conformance.data.pipeline import (
     Batch,
     DataPipeline,
@@ -24,6 +15,7 @@ from conformance.data.pipeline import (
     planned_updates,
     updates_per_epoch,
 )
+from conformance.data.splits import ArraySplit, DataInfo, Dataset, TokenSplit, check_split
 
 __all__ = [
     "ArraySplit", "Batch", "DataInfo", "DataPipeline", "Dataset", "TokenSplit", "Window", "batch_hash",

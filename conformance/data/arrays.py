@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from conformance.config.data import DataSpec
-from conformance.data.datasets import Dataset
+from conformance.data.splits import Dataset
 from conformance.data.opening import open_data
 from conformance.data.user import user_dataset
 from conformance.errors import ConfigError, InputError

@@ -17,113 +17,29 @@ import hashlib
 import importlib
 import importlib.resources
 import io
-import math
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from conformance.config.data import DataSpec
-from conformance.data.sampling import fingerprint, random_order, stream
-from conformance.data.sources import MapData
+from conformance.data.sampling import fingerprint, stream
+from conformance.data.splits import (
+    ArraySplit,
+    DataInfo,
+    Dataset,
+    Task,
+    TokenSplit,
+    check_split,
+    n_validation,
+    random_split,
+)
 from conformance.errors import ConfigError, InputError
 from conformance.files import read_regular
-from conformance.rules.inputs import check_finite
 
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
-BLOB_FEATURES, BLOB_INFORMATIVE = 20, 5  # seed 000: x ~ N(0, 1)^20, label = sum(x[:5]) > 0
+BLOB_FEATURES, BLOB_INFORMATIVE = 20, 5  # x ~ N(0, 1)^20, label = sum(x[:5]) > 0: 5 informative features of 20
 MAX_TEXT_BYTES = 1 << 30  # beyond 1 GiB a character-level corpus wants a real tokenizer pipeline
 DEFAULT_CORPUS = "pydoc_data.topics"
-
-Task = Literal["regression", "classification", "language_model"]
-
-
-@dataclass(frozen=True)
-class DataInfo:
-    """What a model needs to know about the data: task, input width, outputs (regression targets,
-    classes or vocabulary size; None where the data cannot tell), text vocabulary and window
-    length, split sizes and a fingerprint (sha256 over every array, so a resumed run can tell that
-    its data did not change)."""
-
-    name: str
-    task: Task
-    in_features: int | None
-    out_features: int | None
-    n_classes: int | None
-    vocab: tuple[str, ...] | None
-    block_size: int | None
-    n_train: int
-    n_val: int
-    fingerprint: str
-
-
-@dataclass(frozen=True)
-class ArraySplit:
-    """Samples stored as arrays: row i of x is an input, row i of y its target."""
-
-    x: np.ndarray
-    y: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        # ndarray.take: the rows x[index] gives, at half the cost of fancy indexing
-        return {"x": self.x.take(index, axis=0), "y": self.y.take(index, axis=0)}
-
-    @cached_property
-    def fingerprint(self) -> str:
-        return fingerprint(self.x, self.y)
-
-
-@dataclass(frozen=True)
-class TokenSplit:
-    """Windows over a token stream: sample i is tokens[s:s+T] with targets tokens[s+1:s+T+1],
-    s = starts[i] (targets are the inputs shifted by one)."""
-
-    tokens: np.ndarray
-    starts: np.ndarray
-    block_size: int
-
-    def __len__(self) -> int:
-        return int(self.starts.shape[0])
-
-    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        rows = self.starts[index][:, None] + np.arange(self.block_size + 1)
-        # two gathers: contiguous inputs and targets (slices of one window would make every framework copy)
-        return {"x": self.tokens[rows[:, :-1]], "y": self.tokens[rows[:, 1:]]}
-
-    @cached_property
-    def fingerprint(self) -> str:
-        return fingerprint(self.tokens, self.starts, label=f"windows:{self.block_size}")
-
-
-Split = MapData
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """A loaded data set: its train and validation splits and its DataInfo."""
-
-    train: Split
-    val: Split
-    info: DataInfo
-
-
-def n_validation(n: int, fraction: float) -> int:
-    """Validation samples out of n: round-half-up of n·fraction, at least 1 when fraction > 0."""
-    if fraction <= 0:
-        return 0
-    return max(1, int(math.floor(n * fraction + 0.5)))
-
-
-def random_split(n: int, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    # The last n_val of a seeded permutation; each part keeps the original sample order.
-    order = random_order(seed, "split", n)
-    return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
-
 
 def linear_regression(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Seed 001 §3.2: x = linspace(-1, 1, n) as a column, y = 3x + 2."""
@@ -171,30 +87,10 @@ def read_corpus(path: str) -> str:
         raise InputError(f"data.path: {p} is not UTF-8 text (byte {byte:#04x} at offset {exc.start})") from None
 
 
-def check_split(dataset: str, split: str, x: np.ndarray, y: np.ndarray, task: Task, n_out: int) -> None:
-    """Host-side validation, once per data set: finite inputs, finite regression targets, integer
-    labels or tokens in range. Raises InputError naming the data set, split and index."""
-    where = f"{dataset} {split}"
-    if x.shape[0] != y.shape[0]:
-        raise InputError(f"{where}: {x.shape[0]} inputs but {y.shape[0]} targets")
-    if np.issubdtype(x.dtype, np.floating):
-        check_finite(f"{where} inputs", x)
-    if task == "regression":
-        check_finite(f"{where} targets", y)
-        return
-    if not np.issubdtype(y.dtype, np.integer):
-        raise InputError(f"{where} labels must be integers; received {y.dtype}")
-    bad = (y < 0) | (y >= n_out)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        kind = "token" if task == "language_model" else "label"
-        raise InputError(f"{where} {kind} {int(y[at])} at index {at} is out of range 0..{n_out - 1}")
-
-
 def _array_dataset(name: str, task: Task, x: np.ndarray, y: np.ndarray, n_val: int,
                    split_seed: int | None, n_classes: int | None) -> Dataset:
     n = x.shape[0]
-    if split_seed is None:  # seed 000: the first samples train, the last n_val validate
+    if split_seed is None:  # no seed: the first samples train, the last n_val validate (a fixed split)
         tr, va = np.arange(n - n_val), np.arange(n - n_val, n)
     else:
         tr, va = random_split(n, n_val, split_seed)

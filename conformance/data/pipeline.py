@@ -22,7 +22,8 @@ import numpy as np
 
 from conformance.config import Config
 from conformance.data import sampling
-from conformance.data.datasets import DataInfo, Dataset, load_dataset
+from conformance.data.datasets import load_dataset
+from conformance.data.splits import DataInfo, Dataset
 from conformance.errors import CheckpointError, ConfigError
 
 

@@ -28,7 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from conformance.config.data import DataSpec
-from conformance.data.datasets import DataInfo, Dataset
+from conformance.data.splits import DataInfo, Dataset
 from conformance.data.shards import ShardHeader, open_tokens, read_header, scan
 from conformance.errors import ConfigError, InputError
 

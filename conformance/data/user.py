@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from conformance.config.data import DataSpec
-from conformance.data.datasets import (
+from conformance.data.splits import (
     DataInfo,
     Dataset,
     Task,

@@ -22,7 +22,8 @@ import numpy as np
 
 from conformance.config.clip import ClipSpec
 from conformance.errors import InputError, NonFiniteError
-from conformance.rules.nonfinite import first_nonfinite, nonfinite_norm_message
+from conformance.rules.inputs import first_nonfinite
+from conformance.rules.nonfinite import nonfinite_norm_message
 
 
 def vector_norm(x: np.ndarray, p: float) -> float:

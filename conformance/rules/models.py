@@ -24,7 +24,7 @@ from conformance.errors import ConfigError, InputError
 from conformance.rules.inputs import check_finite
 
 if TYPE_CHECKING:  # a description of the data only; the rules do not read data
-    from conformance.data.datasets import DataInfo
+    from conformance.data.splits import DataInfo
 
 LN_EPS = 1e-5  # every LayerNorm's eps: torch.nn.LayerNorm's default (flax's is 1e-6)
 

@@ -1,7 +1,7 @@
 """Non-finite values: how every backend finds them, what it does about them and what it says.
 
-- `first_nonfinite` / `describe_nonfinite`: which tensor to name (the loss first, then the first
-  gradient in parameter order);
+- `describe_nonfinite`: which tensor to name (the loss first, then the first gradient in parameter
+  order; conformance.rules.inputs.first_nonfinite finds it among host arrays);
 - `nonfinite_norm_message`: clip.error_if_nonfinite's one-line error;
 - `check_nonfinite`: the [precision] on_nonfinite policy after an update was (or was not) skipped:
   NonFiniteError at the first non-finite update under "raise", or beyond max_consecutive_skips.
@@ -14,21 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
 
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
 from conformance.errors import NonFiniteError
-
-
-def first_nonfinite(grads: Mapping[str, Any]) -> str | None:
-    """The name of the first gradient (in mapping order) holding a NaN or inf, or None."""
-    for name, g in grads.items():
-        if not np.all(np.isfinite(np.asarray(g, np.float64))):
-            return name
-    return None
 
 
 def nonfinite_norm_message(spec: ClipSpec, norm: float, bad: str | None) -> str:
