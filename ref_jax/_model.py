@@ -1,22 +1,33 @@
-"""The JAX trainer's model: a built-in one, a user's Flax NNX module or the pure form
-`(apply_fn, params)`, as one pure function over flat {neutral name: array} dicts.
+"""The trainer's model: the built-in one of `[model]` or the user's, its tensors by neutral name.
 
-    m = make(config, info, model)     # Model(apply, params, state, ...)
-    out, state = m.apply(params, state, x, key, train)
+    m = make(config, info, ...)     # the run's model, floating tensors in precision.param_dtype
 
-- built-in ([model]): ref_jax.models.functional; no state; `key` drives the gpt's dropout.
-- NNX module: split into its graph, its nnx.Param leaves (`params`) and every other Variable
-  (`state`: BatchStat, RNG keys and counts, ...); apply merges them, calls the module on x (a
-  training-mode or an eval-mode graph: module.train() / module.eval(), which switch Dropout and
-  BatchNorm) and returns the state the call left (updated statistics, advanced RNG counts).
-- pure form: apply_fn(params_pytree, x) -> output over any pytree of parameters (linen:
-  `(model.apply, variables)`); no state.
-
-Neutral names: the pytree paths joined with "." (NNX `conv1.kernel`, `layers.0.bias`; dict keys,
-attribute names and sequence indices alike), renamed by `[model] rename`
-(conformance.rules.names). Parameters are cast to precision.param_dtype, floating state too; a
-typed PRNG key in the state is checkpointed as its uint32 key data (`to_tensors` / `from_tensors`).
+A user's model is the framework's own kind (ref_torch: a torch.nn.Module; ref_jax: a Flax NNX
+module, or the pure form `(apply_fn, params)`). Neutral names are the framework's own paths to its
+tensors, renamed by `[model] rename` (conformance.rules.names). The trainable parameters go to the
+optimizer; the model's other tensors (frozen parameters, persistent buffers, an NNX module's
+non-parameter state) are checkpointed beside them, so a BatchNorm's running statistics resume
+exactly.
 """
+
+# The JAX side: a built-in model, a user's Flax NNX module or the pure form `(apply_fn, params)`,
+# as one pure function over flat {neutral name: array} dicts.
+#
+#     m = make(config, info, model)     # Model(apply, params, state, ...)
+#     out, state = m.apply(params, state, x, key, train)
+#
+# - built-in ([model]): ref_jax.models.functional; no state; `key` drives the gpt's dropout.
+# - NNX module: split into its graph, its nnx.Param leaves (`params`) and every other Variable
+#   (`state`: BatchStat, RNG keys and counts, ...); apply merges them, calls the module on x (a
+#   training-mode or an eval-mode graph: module.train() / module.eval(), which switch Dropout and
+#   BatchNorm) and returns the state the call left (updated statistics, advanced RNG counts).
+# - pure form: apply_fn(params_pytree, x) -> output over any pytree of parameters (linen:
+#   `(model.apply, variables)`); no state.
+#
+# Neutral names: the pytree paths joined with "." (NNX `conv1.kernel`, `layers.0.bias`; dict keys,
+# attribute names and sequence indices alike), renamed by `[model] rename`
+# (conformance.rules.names). Parameters are cast to precision.param_dtype, floating state too; a
+# typed PRNG key in the state is checkpointed as its uint32 key data (`to_tensors` / `from_tensors`).
 
 from __future__ import annotations
 
@@ -128,7 +139,9 @@ def _pure(apply_fn: Callable[..., Any], tree: Any, rename: Mapping[str, str], dt
 
 
 def make(config: Config, info: DataInfo, model: Any = None) -> Model:
-    """The run's model (see the module docstring)."""
+    """The run's model: the built-in one of `[model]`, or the user's `model` with its floating
+    tensors in precision.param_dtype."""
+    # a user's NNX module is split into arrays; Model.write_back puts the final values back into it
     dtype = backend.framework_dtype(config.precision.param_dtype)
     if model is None:
         return _builtin(config, info, dtype)

@@ -1,18 +1,27 @@
-"""The torch trainer's model: a built-in one or a user's nn.Module, its tensors by neutral name,
-and one micro-batch's loss.
+"""The trainer's model: the built-in one of `[model]` or the user's, its tensors by neutral name.
 
-    module = make(config, info, device, model)      # [model]'s, or the user's moved and cast
-    tensors = named(module, config.model.rename)      # Tensors: trainable, frozen, buffers
-    loss, output, targets = batch_loss(config, forward, loss_fn, batch)   # or batch_loss_fn(...)(batch)
+    m = make(config, info, ...)     # the run's model, floating tensors in precision.param_dtype
 
-Neutral names are torch's own: `named_parameters()` (a tied parameter once) and the persistent
-buffers of `named_buffers()` (the state_dict's), renamed by `[model] rename`
-(conformance.rules.names). Trainable parameters (requires_grad) go to the optimizer; frozen ones
-and buffers are checkpointed beside them in model.safetensors, so a BatchNorm's running statistics
-resume exactly. The model is called on the batch entry `data.inputs`; `[loss]` compares its
-output with `data.targets`, or `loss_fn(output, batch) -> (sum, count)` reads the whole batch
-(every entry as a tensor on the device, and `sample_mask`, True for every real sample).
+A user's model is the framework's own kind (ref_torch: a torch.nn.Module; ref_jax: a Flax NNX
+module, or the pure form `(apply_fn, params)`). Neutral names are the framework's own paths to its
+tensors, renamed by `[model] rename` (conformance.rules.names). The trainable parameters go to the
+optimizer; the model's other tensors (frozen parameters, persistent buffers, an NNX module's
+non-parameter state) are checkpointed beside them, so a BatchNorm's running statistics resume
+exactly.
 """
+
+# The torch side:
+#
+#     module = make(config, info, device, model)      # [model]'s, or the user's moved and cast
+#     tensors = named(module, config.model.rename)      # Tensors: trainable, frozen, buffers
+#     loss, output, targets = batch_loss(config, forward, loss_fn, batch)   # or batch_loss_fn(...)(batch)
+#
+# Neutral names are `named_parameters()` (a tied parameter once) and the persistent buffers of
+# `named_buffers()` (the state_dict's). Trainable parameters are those with requires_grad; frozen
+# ones and buffers go to model.safetensors beside them. The model is called on the batch entry
+# `data.inputs`; `[loss]` compares its output with `data.targets`, or `loss_fn(output, batch) ->
+# (sum, count)` reads the whole batch (every entry as a tensor on the device, and `sample_mask`,
+# True for every real sample).
 
 from __future__ import annotations
 
@@ -49,8 +58,9 @@ class Tensors(NamedTuple):
 
 
 def make(config: Config, info: DataInfo, device: torch.device, model: Any = None) -> torch.nn.Module:
-    """The built-in model of `[model]`, or the user's module moved to `device` with its floating
-    parameters and buffers in precision.param_dtype (in place: the user's object is trained)."""
+    """The run's model: the built-in one of `[model]`, or the user's `model` with its floating
+    tensors in precision.param_dtype."""
+    # the user's module is moved to `device` and cast in place: the user's object is trained
     if model is None:
         return build_model(config.model, info, seed=config.run.seed, dtype=config.precision.param_dtype,
                            device=device)

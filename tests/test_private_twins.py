@@ -40,7 +40,6 @@ import ref_torch
 NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "torch assembles torch.optim objects, JAX one optax transform; not yet gone through"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_model", "not yet gone through"),
     ("_muon", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_parallel", "torch.distributed process groups vs one jax.sharding mesh; not yet gone through"),
     ("_schedule_free", "not yet gone through"),
@@ -57,6 +56,9 @@ WAS_NOT_ALIGNED = frozenset({
 # (module, name) -> why the definition exists on that side only.
 _OPTAX_CHAIN = "optax's clipping is a GradientTransformation in an optax.chain; torch clips the gradients in place"
 _NORMS = "torch.nn.utils.get_total_norm; optax has no p-norm of a pytree"
+_MODULE_HOLDS = "a torch module holds its tensors, reached by name; JAX's arrays are Model.params and .state"
+_EAGER_LOSS = "torch computes a micro-batch's loss eagerly on the module; JAX's loss is traced in ref_jax._train_step"
+_KEYS = "an NNX module's state holds typed PRNG keys, checkpointed as key data; torch's buffers are plain tensors"
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._clip_transforms", "leaf_norm"): _NORMS,
     ("ref_jax._clip_transforms", "tree_total_norm"): _NORMS,
@@ -72,12 +74,28 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._update", "Hyperparams"): "optax hyper-parameters are arrays passed into the jitted step; torch sets "
                                         "them on the optimizer's param_groups",
     ("ref_jax._update", "make_update_step"): "the jitted half of JAX's update (torch: apply_update)",
+    ("ref_torch._model", "Tensors"): _MODULE_HOLDS,
+    ("ref_torch._model", "named"): _MODULE_HOLDS,
+    ("ref_torch._model", "to_device"): "torch moves each batch to the device itself; ref_jax._window lays out and "
+                                       "places a whole window on the mesh",
+    ("ref_torch._model", "user_loss"): _EAGER_LOSS,
+    ("ref_torch._model", "batch_loss"): _EAGER_LOSS,
+    ("ref_torch._model", "BatchLoss"): _EAGER_LOSS,
+    ("ref_torch._model", "batch_loss_fn"): _EAGER_LOSS,
+    ("ref_jax._model", "Model"): "a JAX model is a pure function of its arrays, which the state carries; a torch "
+                                 "module holds its tensors",
+    ("ref_jax._model", "path_name"): "pytree paths made neutral names; torch's module names already are",
+    ("ref_jax._model", "to_tensors"): _KEYS,
+    ("ref_jax._model", "expected"): _KEYS,
+    ("ref_jax._model", "from_tensors"): _KEYS,
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
 
 # (pair, name or Class.method) -> why the two signatures differ.
 OWN_SIGNATURES: dict[tuple[str, str], str] = {
+    ("_model", "make"): "torch places the module on a device when it is made; JAX's arrays are placed on the mesh "
+                        "later, with the rest of the train state",
     ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "
                                            "JAX returns one new array, mapped over a pytree by optax transforms",
     ("_clip_transforms", "clip_with_norm"): "torch clips in place and reduces the norms of FSDP shards over ranks "
