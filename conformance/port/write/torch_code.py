@@ -1,8 +1,9 @@
 """A config as a runnable PyTorch snippet: torch.optim + lr_scheduler + one training update.
 
-The snippet imports only torch (and math, fnmatch). `Updater(model)` builds the optimizer (twinstep's
-parameter groups from the name patterns), the scheduler and, with dynamic loss scaling, a
-torch.amp.GradScaler; `updater(window, loss_fn)` runs one update exactly as the spec says:
+The snippet imports only torch (and math, fnmatch, typing). The optimizer classes torch.optim lacks
+are ref_torch's own, carried verbatim (torch_parts). `Updater(model)` builds the optimizer
+(twinstep's parameter groups from the name patterns), the scheduler and, with dynamic loss
+scaling, a torch.amp.GradScaler; `updater(window, loss_fn)` runs one update exactly as the spec says:
 accumulate over the micro-batches, unscale before clipping, skip a non-finite update (parameters,
 optimizer state and, by default, the schedule held), step the scheduler after optimizer.step().
 """
@@ -26,63 +27,64 @@ CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch
 OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype", "eps_hat",
        "decoupled_weight_decay"}  # twinstep-only fields (or not torch's for every class)
 NATIVE_DECOUPLED = ("adam", "nadam", "radam")  # torch classes that take decoupled_weight_decay
+# ref_torch's torch classes with AdamW's decoupled decay added (p <- p*(1 - lr*wd) before the step)
+DECOUPLED = {"sgd": "DecoupledSGD", "rmsprop": "DecoupledRMSprop", "adagrad": "DecoupledAdagrad",
+             "adamax": "DecoupledAdamax"}
+TWIN_OPTIONS = ("AdamVariants", "RMSpropEpsInSqrt", "AdagradEpsInSqrt")  # ref_torch classes reading OWN's options
 NADAM_SCHEDULE_OFF = 1e9  # 0.96 ** (t * 1e9) underflows to 0: torch's mu_t is exactly beta1
 
 
-def _class_for(name: str, groups: list[dict[str, Any]]) -> tuple[str, list[str]]:
-    """(class expression, source texts it needs) for the groups of one optimizer."""
+def _class_for(name: str, groups: list[dict[str, Any]]) -> str:
+    """The class for the groups of one optimizer: torch.optim's, or ref_torch's own where torch has
+    none for the spec's semantics (the choice ref_torch._assembly.optimizer_class makes)."""
     if name == "lion":
-        return "Lion", [parts.source("PerParameter"), parts.source("Lion")]
+        return "Lion"
     if name in ("adamax", "nadam") and any(g["eps_hat"] for g in groups):
         raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) has no torch.optim class and "
                                f"is not written out; use the twinstep torch backend (ref_torch) for it")
     if name in ("adam", "adamw") and any(g["eps_root"] or g["eps_hat"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")
                                          for g in groups):
-        return "AdamOptax", [parts.source("PerParameter"), parts.source("AdamOptax")]
+        return "AdamVariants"
     if name == "rmsprop" and any(g["eps_in_sqrt"] for g in groups):
-        return "RMSpropEpsInSqrt", [parts.source("PerParameter"), parts.source("RMSpropEpsInSqrt")]
+        return "RMSpropEpsInSqrt"
     if name == "adagrad" and any(g["eps_in_sqrt"] for g in groups):
-        return "AdagradEpsInSqrt", [parts.source("PerParameter"), parts.source("AdagradEpsInSqrt")]
+        return "AdagradEpsInSqrt"
     if name == "muon" and any(g["ns_dtype"] != "bfloat16" for g in groups):
-        return "FloatMuon", [parts.source("FloatMuon")]
-    return CLASSES[name], []
+        return "FloatMuon"
+    if name in DECOUPLED and any(g.get("decoupled_weight_decay") for g in groups):
+        return DECOUPLED[name]
+    return CLASSES[name]
 
 
-def _torch_hyper(name: str, hp: dict[str, Any], custom: bool) -> dict[str, Any]:
-    """A group's hyper-parameters as torch constructor arguments."""
+def _torch_hyper(name: str, hp: dict[str, Any], cls: str) -> dict[str, Any]:
+    """A group's hyper-parameters as constructor arguments of `cls`."""
     out = dict(hp)
     if name == "nadam" and not out.pop("momentum_schedule"):
         out["momentum_decay"] = NADAM_SCHEDULE_OFF
     if name == "adafactor":
         out["eps"] = tuple(None if e == "auto" else e for e in out["eps"])
-    if name in ("adam", "adamw") and custom:
-        out["decoupled_weight_decay"] = name == "adamw" or out.get("decoupled_weight_decay", False)
-    elif name in NATIVE_DECOUPLED:
-        out["decoupled_weight_decay"] = out.get("decoupled_weight_decay", False)
-    elif out.pop("decoupled_weight_decay", False):  # the class has none: decoupled_decay's pre-hook decays
-        out["decoupled_decay"], out["weight_decay"] = out["weight_decay"], 0.0
+    if name == "adamw":
+        out["decoupled_weight_decay"] = True  # what torch.optim.AdamW sets; AdamVariants reads it
     if "betas" in out:
         out["betas"] = tuple(out["betas"])
     if "ns_coefficients" in out:
         out["ns_coefficients"] = tuple(out["ns_coefficients"])
-    keep = {"decoupled_weight_decay"} if name in NATIVE_DECOUPLED else set()
-    keep |= set() if not custom else {"eps_root", "amsgrad_variant", "eps_in_sqrt", "eps_hat", "decoupled_weight_decay"}
+    keep = {"decoupled_weight_decay"} if name in NATIVE_DECOUPLED or cls in DECOUPLED.values() else set()
+    if cls in TWIN_OPTIONS:
+        keep = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "eps_hat", "decoupled_weight_decay"}
     return {k: v for k, v in out.items() if k not in OWN or k in keep}
 
 
 def optimizer_code(config: Config) -> tuple[str, list[str]]:
-    """(the body of build_optimizer, extra source texts)."""
+    """(the body of build_optimizer, the ref_torch classes and functions it uses)."""
     entries = layout(config)
-    extra: list[str] = []
+    twin: list[str] = []
     classes: dict[str, str] = {}
     for name in dict.fromkeys(e["optimizer"] for e in entries):
-        cls, texts = _class_for(name, [e["hyper"] for e in entries if e["optimizer"] == name])
-        classes[name] = cls
-        extra += [t for t in texts if t not in extra]
+        classes[name] = _class_for(name, [e["hyper"] for e in entries if e["optimizer"] == name])
     rows = []
     for e in entries:
-        custom = classes[e["optimizer"]] in ("AdamOptax", "RMSpropEpsInSqrt", "AdagradEpsInSqrt")
-        hyper = _torch_hyper(e["optimizer"], e["hyper"], custom)
+        hyper = _torch_hyper(e["optimizer"], e["hyper"], classes[e["optimizer"]])
         if config.optimizer.name == "muon":
             hyper["use_muon"] = not e["fallback"]
         rows.append(f"    {lit(hyper)},")
@@ -94,25 +96,28 @@ def optimizer_code(config: Config) -> tuple[str, list[str]]:
              "        if p.numel() > 0:",
              '            groups[group_index(name, p.ndim)]["params"].append(p)',
              "    return groups", "", ""]
-    lines += _build_function(config, classes, extra)
-    return "\n".join(lines), extra
+    twin += [c for c in dict.fromkeys(classes.values()) if not c.startswith(("torch.", "schedulefree."))]
+    lines += _build_function(config, classes, twin)
+    return "\n".join(lines), twin
 
 
-def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -> list[str]:
+def _build_function(config: Config, classes: dict[str, str], twin: list[str]) -> list[str]:
     name = config.optimizer.name
     body = ["def build_optimizer(named_parameters):", '    """The optimizer of the spec."""']
     if name == "muon":
         fb = config.optimizer.fallback.name  # type: ignore[union-attr]
         if fb == "nadam" or fb == "adagrad":
             raise UnsupportedError(f"to_code: muon with a {fb} fallback is not written out; use adamw, adam or sgd")
-        muon_cls = classes["muon"]
-        body.append(f"    optimizer = MuonWithFallback(param_groups(named_parameters), {classes[fb]}, {muon_cls})")
-        extra.append(parts.source("MuonWithFallback"))
-        if muon_cls == "FloatMuon":
-            body.insert(0, f"NS_DTYPE = torch.{config.optimizer.ns_dtype}\n\n")
+        muon = classes["muon"]
+        if muon == "FloatMuon":
+            body.insert(0, f"NS_DTYPE = torch.{config.optimizer.ns_dtype}  # Newton-Schulz's dtype\n\n")
+            body += ["", "    def muon(groups):", "        return FloatMuon(groups, ns_dtype=NS_DTYPE)", ""]
+            muon = "muon"
+        body.append(f"    optimizer = MuonWithFallback(param_groups(named_parameters), {muon}, {classes[fb]})")
+        twin.append("MuonWithFallback")
         return body + ["    return optimizer"]
     cls = classes[name]
-    if cls == "torch.optim.Adagrad":
+    if cls in ("torch.optim.Adagrad", "DecoupledAdagrad"):
         # torch fills every accumulator with the constructor's value; the spec with each group's
         init = config.optimizer.initial_accumulator_value
         body += [f"    optimizer = {cls}(param_groups(named_parameters), initial_accumulator_value={lit(init)})",
@@ -121,15 +126,12 @@ def _build_function(config: Config, classes: dict[str, str], extra: list[str]) -
                  "            optimizer.state[p][\"sum\"].fill_(group[\"initial_accumulator_value\"])"]
     else:
         body.append(f"    optimizer = {cls}(param_groups(named_parameters))")
-    if any("decoupled_decay" in _torch_hyper(e["optimizer"], e["hyper"], False) for e in layout(config)):
-        extra.append(parts.source("decoupled_decay"))
-        body.append("    optimizer.register_step_pre_hook(decoupled_decay)  # AdamW's decay, before the step")
     if cls.startswith("schedulefree."):
         body.append("    optimizer.train()  # schedulefree: the parameters are the gradient point y in training; "
                     "call optimizer.eval() before evaluating or saving (x), train() after")
     if cls == "torch.optim.NAdam":
-        extra.append(parts.source("float64_mu_product"))
-        body.append("    optimizer.register_step_pre_hook(float64_mu_product)")
+        twin.append("_float64_mu_product")
+        body.append("    optimizer.register_step_pre_hook(_float64_mu_product)  # float64 mu_product for float64")
     return body + ["    return optimizer"]
 
 
@@ -174,12 +176,16 @@ def _clip_helper(config: Config) -> str:
 
 def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> str:
     """The whole snippet for `config` (see the module docstring)."""
-    opt_body, extra = optimizer_code(config)
+    opt_body, twin = optimizer_code(config)
+    extra = parts.carried(twin)
     sched = block(torch_scheduler_code(config.schedule), 4)
-    imports = "import fnmatch\nimport math\n\n" + ("import schedulefree\n" if config.optimizer.name in SCHEDULE_FREE
-                                                     else "") + "import torch\nfrom torch.optim import lr_scheduler"
+    lines = parts.import_lines({"lr_scheduler": ("torch.optim", "lr_scheduler"), **extra.imports})
+    outside = [line for line in lines if not line.startswith(("import torch", "from torch"))]
+    imports = "\n".join(["import fnmatch", "import math", *outside, ""] + (
+        ["import schedulefree"] if config.optimizer.name in SCHEDULE_FREE else []) + ["import torch"] + [
+        line for line in lines if line not in outside])
     pieces = [header(config, "torch", source), imports, layout_code(config)]
-    pieces += [t.strip("\n") for t in extra]
+    pieces += extra.sources
     pieces += [opt_body, torch_helpers(config.schedule), 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
                'optimizer.step(), once per update."""\n' + sched]
     if config.schedule.unit == "epoch":
