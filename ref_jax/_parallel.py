@@ -1,22 +1,31 @@
-"""Data parallelism over the devices of one process with jax.sharding.
+"""Data parallelism for the trainer: the processes of a torchrun launch joined (`setup`) and left
+(`teardown`), and how gradients, counts, losses and checkpoint bytes meet across them.
 
-A one-axis Mesh ("data") over the run's devices: parameters, optimizer state, loss scale and
-counters are replicated; every batch is split along its sample axis, so each device computes its
-rows of each micro-batch and XLA all-reduces the gradient sums inside the compiled step (the
-gradient of a sum over the global micro-batch is the sum of the devices' parts). The global batch
-is the config's: data.batch_size × accumulation.steps, whatever the device count.
-
-Across processes (`torchrun --nproc_per_node N -m conformance train CONFIG --backend jax`; torchrun
-only launches: `init_processes` calls jax.distributed.initialize from its RANK / WORLD_SIZE /
-MASTER_ADDR, the coordinator on MASTER_PORT + 1, since torchrun's own store holds MASTER_PORT; set
-TWINSTEP_JAX_COORDINATOR=host:port to choose), the mesh spans every process's devices and the
-global batch is the torch trainer's: world size × data.batch_size × accumulation.steps. Each process
-lays out its own part of every micro-batch (the pipeline's rank part) at `rows_for(batch_size,
-local devices)` rows, and `put_batch` joins the parts into one global array
-(jax.make_array_from_process_local_data); CPU collectives are gloo's
-(jax_cpu_collectives_implementation). `exchange` all-gathers bytes between processes (checkpoint
-tables, RNG states, the preemption flag).
+One process per rank under torchrun; gloo carries the CPU's collectives. The global batch is the
+world size (processes) × data.batch_size × accumulation.steps, whatever each process's device
+count. ref_torch uses torch.distributed (DDP, or FSDP2's shards; NCCL on CUDA, one device per
+process); ref_jax one jax.sharding Mesh over every process's devices, where XLA all-reduces the
+gradient sums inside the compiled step.
 """
+
+# The JAX side: data parallelism over the devices of one process with jax.sharding.
+#
+# A one-axis Mesh ("data") over the run's devices: parameters, optimizer state, loss scale and
+# counters are replicated; every batch is split along its sample axis, so each device computes its
+# rows of each micro-batch and XLA all-reduces the gradient sums inside the compiled step (the
+# gradient of a sum over the global micro-batch is the sum of the devices' parts). The global batch
+# is the config's: data.batch_size × accumulation.steps, whatever the device count.
+#
+# Across processes (`torchrun --nproc_per_node N -m conformance train CONFIG --backend jax`; torchrun
+# only launches: `setup` calls jax.distributed.initialize from its RANK / WORLD_SIZE /
+# MASTER_ADDR, the coordinator on MASTER_PORT + 1, since torchrun's own store holds MASTER_PORT; set
+# TWINSTEP_JAX_COORDINATOR=host:port to choose), the mesh spans every process's devices and the
+# global batch is the torch trainer's: world size × data.batch_size × accumulation.steps. Each process
+# lays out its own part of every micro-batch (the pipeline's rank part) at `rows_for(batch_size,
+# local devices)` rows, and `put_batch` joins the parts into one global array
+# (jax.make_array_from_process_local_data); CPU collectives are gloo's
+# (jax_cpu_collectives_implementation). `gather_bytes` all-gathers bytes between processes (checkpoint
+# tables, RNG states, the preemption flag).
 
 from __future__ import annotations
 
@@ -107,35 +116,37 @@ def placement(device: str) -> Placement:
     return Placement(mesh, NamedSharding(mesh, PartitionSpec()), devices)
 
 
-def init_processes(rank: int, world: int, device: str = "auto") -> bool:
-    """Join the JAX processes of a torchrun launch (True when this call initialized them and must
-    shut them down). One process: nothing to do. With run.device = "cuda" each process takes the
-    GPU of its LOCAL_RANK (as the torch trainer does); on the CPU each process has its CPU device.
-    Must run before anything touches a JAX device."""
-    if world == 1 or jax.distributed.is_initialized():
+def setup(rank: int, world_size: int, device: str = "auto") -> bool:
+    """Join the processes of a torchrun launch (True when this call joined them and must call
+    teardown); one process, or a group already joined: nothing to do."""
+    # With run.device = "cuda" each process takes the GPU of its LOCAL_RANK (as the torch trainer
+    # does); on the CPU each process has its CPU device. Must run before anything touches a JAX device.
+    if world_size == 1 or jax.distributed.is_initialized():
         return False
     env = os.environ
     address = env.get("TWINSTEP_JAX_COORDINATOR")
     if address is None:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise ConfigError(f"world_size = {world} needs a launcher: {missing[0]} is not set (start with "
-                              f"torchrun --nproc_per_node {world} -m conformance train ... --backend jax)")
+            raise ConfigError(f"world_size = {world_size} needs a launcher: {missing[0]} is not set (start with "
+                              f"torchrun --nproc_per_node {world_size} -m conformance train ... --backend jax)")
         address = f"{env['MASTER_ADDR']}:{int(env['MASTER_PORT']) + 1}"
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     local = env.get("LOCAL_RANK")
-    jax.distributed.initialize(address, num_processes=world, process_id=rank,
+    jax.distributed.initialize(address, num_processes=world_size, process_id=rank,
                                local_device_ids=[int(local)] if local is not None and device == "cuda" else None)
     return True
 
 
-def shutdown(created: bool) -> None:
+def teardown(created: bool) -> None:
+    """Leave the processes this run joined (`created`: setup's answer), leaving nothing behind that
+    keeps them alive past the run."""
     if created and jax.distributed.is_initialized():
         jax.distributed.shutdown()
 
 
-def exchange(data: bytes) -> list[bytes]:
-    """Every process's bytes, in process order, on every process (one process: [data])."""
+def gather_bytes(data: bytes) -> list[bytes]:
+    """Every process's bytes, in rank order, on every process (one process: [data])."""
     if jax.process_count() == 1:
         return [data]
     from jax.experimental import multihost_utils

@@ -28,7 +28,7 @@ from conformance.run.loop import Update
 from conformance.run.records import EvalTotals, add_eval
 from conformance.run.session import Run
 from ref_jax import _train_state as ts
-from ref_jax._parallel import exchange, placement
+from ref_jax._parallel import gather_bytes, placement
 from ref_jax._train_step import StepOutput, make_eval_step, make_train_step
 from ref_jax._update import UpdateSpecs, finish_update
 from ref_jax._window import batch_fields, pad_rows
@@ -138,7 +138,7 @@ def _prepare(run: Run, parts: ts.Parts, place: Any, t: int, user_loss: bool) -> 
     window = run.data.window(t)
     counts = None if user_loss else window_counts(run.config, window)
     if counts is not None and run.world_size > 1:  # the divisor is the global micro-batches' count
-        parts_ = [np.frombuffer(b, np.float64) for b in exchange(np.asarray(counts, np.float64).tobytes())]
+        parts_ = [np.frombuffer(b, np.float64) for b in gather_bytes(np.asarray(counts, np.float64).tobytes())]
         counts = list(np.sum(parts_, axis=0))
     arrays = parts.layout.pad(window, counts, injected(run.config, t))
     placed = place.put_batch(arrays, axis=1)

@@ -31,7 +31,7 @@ from conformance.run import records
 from conformance.run.session import Run
 from conformance.run.validate import check_optimizer_entries
 from ref_jax import _model, backend
-from ref_jax._parallel import Placement, exchange, host_array
+from ref_jax._parallel import Placement, gather_bytes, host_array
 from ref_jax._schedules import (
     PlateauState,
     plateau_from_neutral,
@@ -231,14 +231,14 @@ def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: 
     scale = scale_state_to_dict(jax.tree.map(host_array, state.update.scale)) \
         if config.precision.dynamic_scaling else None
     mine = capture_rng(jax.random.wrap_key_data(host_array(jax.random.key_data(key))))
-    rng, rng_meta = pack_rank_rng(gather_rng(*mine, exchange) if place.processes > 1 else [mine])
+    rng, rng_meta = pack_rank_rng(gather_rng(*mine, gather_bytes) if place.processes > 1 else [mine])
     neutral = None if plateau_state is None else plateau.to_json(plateau_neutral(plateau_state))
     meta = records.checkpoint_meta(run, updates_done, exported["step"], scale, rng_meta, neutral)
     model = model_numpy(state)
     if place.processes > 1:  # every process writes its rows of every tensor (the sharded layout)
         return records.save_sharded(run, updates_done, row_pieces(model, exported["state"], export_ema(ema),
                                                                   run.rank, run.world_size),
-                                    rng, meta, versions(place), exchange, val_loss)
+                                    rng, meta, versions(place), gather_bytes, val_loss)
     return records.save(run, updates_done, model, exported["state"], rng, meta, versions(place), val_loss,
                         ema=export_ema(ema))
 

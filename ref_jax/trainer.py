@@ -82,7 +82,7 @@ from conformance.events import Events
 from conformance.run.loop import drive, open_on_every_rank, resolve_world
 from conformance.run.objects import given_dataset, resolve_config
 from conformance.run.session import TrainResult
-from ref_jax._parallel import exchange, init_processes, shutdown
+from ref_jax._parallel import gather_bytes, setup, teardown
 from ref_jax._steps import Steps
 from ref_jax.precision import numerics_context
 
@@ -105,7 +105,7 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
     config = resolve_config(_as_config(config), model is not None, data is not None)
     rank_, world, _ = resolve_world(rank, world_size)
     dataset = given_dataset(config, data, loss_fn is not None)
-    created = init_processes(rank_, world, config.run.device)  # torchrun: one JAX process per rank, one mesh over all
+    created = setup(rank_, world, config.run.device)  # torchrun: one JAX process per rank, one mesh over all
     try:
         with numerics_context(config.precision):
             run = open_on_every_rank(lambda ok: _all(ok, world), config, out_dir, "jax", resume=resume, rank=rank_,
@@ -116,9 +116,9 @@ def train(config: Config | str | Path | Mapping[str, Any] | None, out_dir: str |
             finally:
                 run.close()
     finally:
-        shutdown(created)
+        teardown(created)
 
 
 def _all(ok: bool, world: int) -> bool:
     """True when every process reports ok."""
-    return ok if world == 1 else all(b == b"1" for b in exchange(b"1" if ok else b"0"))
+    return ok if world == 1 else all(b == b"1" for b in gather_bytes(b"1" if ok else b"0"))

@@ -1,9 +1,18 @@
-"""torch.distributed glue for the trainer: process group, DDP, count/loss reductions, RNG gathering.
+"""Data parallelism for the trainer: the processes of a torchrun launch joined (`setup`) and left
+(`teardown`), and how gradients, counts, losses and checkpoint bytes meet across them.
 
-One process per rank (torchrun). Gloo on the CPU, NCCL on CUDA. Rank 0 writes every file; the
-other ranks take part in the collectives (gradients through DDP, window counts, the logged loss,
-evaluation sums, and the RNG states rank 0 puts into each checkpoint).
+One process per rank under torchrun; gloo carries the CPU's collectives. The global batch is the
+world size (processes) × data.batch_size × accumulation.steps, whatever each process's device
+count. ref_torch uses torch.distributed (DDP, or FSDP2's shards; NCCL on CUDA, one device per
+process); ref_jax one jax.sharding Mesh over every process's devices, where XLA all-reduces the
+gradient sums inside the compiled step.
 """
+
+# The torch side, torch.distributed glue: process group, DDP, count/loss reductions, RNG gathering.
+#
+# One process per rank (torchrun). Gloo on the CPU, NCCL on CUDA. Rank 0 writes every file; the
+# other ranks take part in the collectives (gradients through DDP, window counts, the logged loss,
+# evaluation sums, and the RNG states rank 0 puts into each checkpoint).
 
 from __future__ import annotations
 
@@ -25,7 +34,8 @@ from conformance.errors import ConfigError
 
 
 def setup(rank: int, world_size: int, device: torch.device) -> bool:
-    """Join the process group (True when this call created it and must destroy it)."""
+    """Join the processes of a torchrun launch (True when this call joined them and must call
+    teardown); one process, or a group already joined: nothing to do."""
     if world_size == 1 or (dist.is_available() and dist.is_initialized()):
         if world_size > 1 and dist.get_world_size() != world_size:
             raise ConfigError(f"world_size = {world_size}, but the process group has {dist.get_world_size()} ranks")
@@ -80,9 +90,10 @@ def _release_dtensor_caches() -> None:
 
 
 def teardown(created: bool) -> None:
-    """Destroy the process group this run created, leaving nothing that keeps it (and its gloo or
-    NCCL threads) alive: a group that outlives the run is torn down during interpreter exit, where
-    it can abort a finished run."""
+    """Leave the processes this run joined (`created`: setup's answer), leaving nothing behind that
+    keeps them alive past the run."""
+    # nothing may keep the process group (and its gloo or NCCL threads) alive: a group that outlives
+    # the run is torn down during interpreter exit, where it can abort a finished run
     if created and dist.is_initialized():
         _release_dtensor_caches()
         gc.collect()  # FSDP2's modules and meshes sit in reference cycles
@@ -175,7 +186,8 @@ class World:
 
 
 def gather_bytes(data: bytes, world_size: int, device: torch.device) -> list[bytes]:
-    """Every rank's byte string, in rank order, on every rank (tensors only: no pickle)."""
+    """Every process's bytes, in rank order, on every process (one process: [data])."""
+    # as tensors only: no pickle
     if world_size == 1:
         return [data]
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)

@@ -41,7 +41,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "torch assembles torch.optim objects, JAX one optax transform; not yet gone through"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_muon", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_parallel", "torch.distributed process groups vs one jax.sharding mesh; not yet gone through"),
     ("_schedule_free", "not yet gone through"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_train_state", "not yet gone through"),
@@ -59,6 +58,7 @@ _NORMS = "torch.nn.utils.get_total_norm; optax has no p-norm of a pytree"
 _MODULE_HOLDS = "a torch module holds its tensors, reached by name; JAX's arrays are Model.params and .state"
 _EAGER_LOSS = "torch computes a micro-batch's loss eagerly on the module; JAX's loss is traced in ref_jax._train_step"
 _KEYS = "an NNX module's state holds typed PRNG keys, checkpointed as key data; torch's buffers are plain tensors"
+_MESH = "one jax.sharding Mesh over the run's devices; a torch process has one device (ref_torch._runtime)"
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._clip_transforms", "leaf_norm"): _NORMS,
     ("ref_jax._clip_transforms", "tree_total_norm"): _NORMS,
@@ -88,12 +88,34 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._model", "to_tensors"): _KEYS,
     ("ref_jax._model", "expected"): _KEYS,
     ("ref_jax._model", "from_tensors"): _KEYS,
+    ("ref_torch._parallel", "barrier"): "torch ranks wait for each other explicitly; JAX processes meet only in "
+                                         "gather_bytes",
+    ("ref_torch._parallel", "wrap"): "DDP and FSDP wrap a torch module; JAX places arrays on the mesh (Placement)",
+    ("ref_torch._parallel", "sum_over_ranks"): "torch all-reduces counts and evaluation sums itself; JAX's are summed "
+                                               "by XLA over the mesh, or over gather_bytes",
+    ("ref_torch._parallel", "World"): "torch's update reduces over ranks through it (DDP's no_sync, FSDP's shards); "
+                                      "a JAX update sees global arrays",
+    ("ref_torch._parallel", "gather_rng"): "every rank's torch generators in one gather; JAX passes gather_bytes to "
+                                           "conformance.checkpoint.rng.gather_rng",
+    ("ref_torch._parallel", "finally_teardown"): "a torch process group torn down under a peer's pending gloo work "
+                                                 "can abort that process, so ranks first meet at a barrier",
+    ("ref_torch._parallel", "agree"): "a MIN all-reduce over torch's process group; the JAX trainer agrees over "
+                                      "gather_bytes",
+    ("ref_jax._parallel", "Placement"): _MESH,
+    ("ref_jax._parallel", "select_devices"): _MESH,
+    ("ref_jax._parallel", "placement"): _MESH,
+    ("ref_jax._parallel", "host_array"): "a jax.Array spanning processes is read through its local copy; a torch "
+                                         "tensor is local",
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
 
 # (pair, name or Class.method) -> why the two signatures differ.
 OWN_SIGNATURES: dict[tuple[str, str], str] = {
+    ("_parallel", "setup"): "torch's process group binds the rank's torch.device (NCCL or gloo); jax.distributed "
+                            "takes run.device's name and picks the local GPU itself",
+    ("_parallel", "gather_bytes"): "torch's all_gather needs the world size and the rank's device; JAX's "
+                                   "process_allgather needs neither",
     ("_model", "make"): "torch places the module on a device when it is made; JAX's arrays are placed on the mesh "
                         "later, with the rest of the train state",
     ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "

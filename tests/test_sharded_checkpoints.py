@@ -1,5 +1,5 @@
 """Sharded checkpoints (format 3), in one process: N "ranks" are threads that exchange bytes through a
-barrier, as the trainers' all-gathers do (ref_torch._parallel.gather_bytes, ref_jax._parallel.exchange).
+barrier, as the trainers' all-gathers do (the twins' _parallel.gather_bytes).
 
 - every layout loads into every other: written by 3 ranks, read whole (`load_checkpoint`), read slice by
   slice for 1, 2 or 4 ranks (`ShardedTensor.read`, which opens only the files holding the slice);
