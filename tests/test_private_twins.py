@@ -38,12 +38,15 @@ import ref_torch
 
 # Pairs that are not twins yet, with why; only ever shrinks (see WAS_NOT_ALIGNED).
 NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
-    ("_assembly", "torch assembles torch.optim objects, JAX one optax transform; not yet gone through"),
+    ("_assembly", "no shared definition yet: torch assembles torch.optim objects, JAX one optax transform over "
+                  "ref_jax._elementwise (its owners' file)"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_muon", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_schedule_free", "not yet gone through"),
+    ("_schedule_free", "torch.optim classes vs per-parameter pure functions that ref_jax._elementwise (its owners' "
+                       "file) dispatches to: aligned with it"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_train_state", "not yet gone through"),
+    ("_train_state", "torch restores framework objects in place, JAX builds a pure TrainState; the jobs they share "
+                     "(the save, the final weights) have no shared names yet"),
 )
 
 # Every pair that was in NOT_YET_ALIGNED when this file was written: the list may lose entries only.
@@ -52,13 +55,13 @@ WAS_NOT_ALIGNED = frozenset({
     "_schedules", "_steps", "_train_state", "_update",
 })
 
-# (module, name) -> why the definition exists on that side only.
 _OPTAX_CHAIN = "optax's clipping is a GradientTransformation in an optax.chain; torch clips the gradients in place"
 _NORMS = "torch.nn.utils.get_total_norm; optax has no p-norm of a pytree"
 _MODULE_HOLDS = "a torch module holds its tensors, reached by name; JAX's arrays are Model.params and .state"
 _EAGER_LOSS = "torch computes a micro-batch's loss eagerly on the module; JAX's loss is traced in ref_jax._train_step"
 _KEYS = "an NNX module's state holds typed PRNG keys, checkpointed as key data; torch's buffers are plain tensors"
 _MESH = "one jax.sharding Mesh over the run's devices; a torch process has one device (ref_torch._runtime)"
+# (module, name) -> why the definition exists on that side only.
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._clip_transforms", "leaf_norm"): _NORMS,
     ("ref_jax._clip_transforms", "tree_total_norm"): _NORMS,
