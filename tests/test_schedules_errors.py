@@ -121,6 +121,12 @@ RUN_ERRORS = [
      "schedule.schedulers[0] (cosine, t_max = 4) inside chained reaches update 5, past t_max"),
     ({"name": "sgd", "lr": 0.1, "groups": [{"params": ["a"], "lr": 0.0}]}, {"name": "wsd", "total_steps": 10, "decay_steps": 5, "eta_min": 1e-3},
      5, ConfigError, "schedule eta_min = 0.001 exceeds the lowest group lr 0.0"),
+    ({"name": "sgd", "lr": 1e-3}, {"name": "cosine", "t_max": 4, "eta_min": 0.5}, 5, ConfigError,
+     "schedule eta_min = 0.5 is above the lowest group lr 0.001: cosine would anneal the lr up"),
+    ({"name": "sgd", "lr": 0.1, "groups": [{"params": ["a"], "lr": 0.01}]},
+     {"name": "sequential", "milestones": [2], "schedulers": [{"name": "linear", "total_iters": 2},
+                                                              {"name": "cosine_restarts", "t_0": 3, "eta_min": 0.05}]},
+     5, ConfigError, "a schedule.schedulers part eta_min = 0.05 is above the lowest group lr 0.01"),
     ({"name": "sgd"}, {"name": "constant"}, 0, InputError, "steps must be an integer >= 1; received 0"),
 ]
 # (schedule table, steps, keyword arguments, text of the InputError): misused at / metrics

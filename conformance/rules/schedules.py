@@ -78,22 +78,31 @@ def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_p
                                   f"its own; remove schedule.{key} so that each group keeps its own lr")
     if schedule.name in CYCLED:
         cycled_hyperparameter(schedule, optimizer)
-    _check_chained_length(schedule, (steps - 1) // updates_per_epoch)
-    if schedule.name == "onecycle":
-        last = (steps - 1) // updates_per_epoch
-        if last >= schedule.total_steps:  # type: ignore[operator]
-            raise ConfigError(
-                f"schedule.total_steps = {schedule.total_steps} is shorter than the run ({last + 1} "
-                f"{schedule.unit}s); torch's OneCycleLR raises past total_steps"
-            )
-    for part in _floored(schedule):
-        low = min(base)
-        if part.eta_min > low:  # type: ignore[operator]
-            where = "schedule" if part is schedule else "a schedule.schedulers part"
+    last = (steps - 1) // updates_per_epoch  # the last schedule step the run reaches
+    _check_chained_length(schedule, last)
+    _check_onecycle_length(schedule, last)
+    _check_floor(schedule, min(base))
+
+
+def _check_onecycle_length(schedule: ScheduleSpec, last: int) -> None:
+    if schedule.name == "onecycle" and last >= schedule.total_steps:  # type: ignore[operator]
+        raise ConfigError(f"schedule.total_steps = {schedule.total_steps} is shorter than the run ({last + 1} "
+                          f"{schedule.unit}s); torch's OneCycleLR raises past total_steps")
+
+
+def _check_floor(schedule: ScheduleSpec, low: float) -> None:
+    # A floor above a group's lr turns a decay into a climb: refused for every group, whichever framework runs it
+    parts = schedule.schedulers if schedule.name == "sequential" else [schedule]
+    for part in parts or []:
+        where = "schedule" if part is schedule else "a schedule.schedulers part"
+        if part.name in ("warmup_cosine", "wsd") and part.eta_min > low:  # type: ignore[operator]
             raise ConfigError(
                 f"{where} eta_min = {part.eta_min} exceeds the lowest group lr {low}; {part.name} "
                 f"decays every group from its own lr down to eta_min, so eta_min must not exceed any"
             )
+        if part.name in ("cosine", "cosine_restarts") and part.eta_min is not None and part.eta_min > low:
+            raise ConfigError(f"{where} eta_min = {part.eta_min} is above the lowest group lr {low}: {part.name} "
+                              f"would anneal the lr up to eta_min; eta_min must not exceed any group's lr")
 
 
 def _check_chained_length(schedule: ScheduleSpec, last: int) -> None:
@@ -150,12 +159,6 @@ def check_observed(schedule: ScheduleSpec, eval_every: int, n_val: int, loss_nam
                           f"{loss_name!r} has no accuracy (monitor 'val_loss')")
 
 
-def _floored(schedule: ScheduleSpec) -> list[ScheduleSpec]:
-    # warmup_cosine and wsd hold eta_min as a fraction of each group's lr after their decay
-    parts = schedule.schedulers if schedule.name == "sequential" else [schedule]
-    return [p for p in parts or [] if p.name in ("warmup_cosine", "wsd")]
-
-
 def check_run_length(schedule: ScheduleSpec, n_updates: int, updates_per_epoch: int = 1) -> list[str]:
     """Compare the schedule with a run of `n_updates`: raise ConfigError where the run cannot work
     (warm-up that never ends; onecycle shorter than the run), return notes on likely mistakes."""
@@ -166,9 +169,7 @@ def check_run_length(schedule: ScheduleSpec, n_updates: int, updates_per_epoch: 
             f"schedule.warmup_steps = {schedule.warmup_steps} is longer than the run ({last + 1} "
             f"{unit}): the lr would never reach its peak"
         )
-    if schedule.name == "onecycle" and last >= schedule.total_steps:  # type: ignore[operator]
-        raise ConfigError(f"schedule.total_steps = {schedule.total_steps} is shorter than the run "
-                          f"({last + 1} {unit}); torch's OneCycleLR raises past total_steps")
+    _check_onecycle_length(schedule, last)
     notes = []
     length = schedule.length
     if length is not None and length > last + 1:

@@ -5,8 +5,9 @@ same refusal whichever framework runs the config):
 
 - the global micro-batch (world size × data.batch_size) larger than the training set (it would
   silently train full-batch);
-- a cosine schedule's eta_min above a group's lr (it would anneal *up*); conformance.rules.schedules
-  .check_schedule's refusals (warm-up schedules' eta_min, onecycle) on both trainers;
+- conformance.rules.schedules.check_schedule's refusals with the run's length (onecycle shorter than
+  the run, a cosine or warm-up schedule's eta_min above a group's lr, ...): the rules the harness and
+  every backend's `schedule_values` apply too;
 - `run.inject_nonfinite` naming an update the run never makes;
 - more updates than MAX_UPDATES (the JAX trainer counts updates in int32 on the device);
 - a built-in model whose parameters, gradients and two optimizer moments do not fit in this
@@ -24,7 +25,6 @@ from conformance.config.run import MAX_UPDATES
 from conformance.data import DataPipeline
 from conformance.data.datasets import BLOB_FEATURES
 from conformance.errors import ConfigError
-from conformance.rules.groups import group_base_lrs
 from conformance.rules.models import param_count
 from conformance.rules.schedules import check_schedule
 
@@ -49,7 +49,6 @@ def check_run(config: Config, data: DataPipeline, world_size: int = 1) -> None:
                           f"(0..{planned - 1})")
     per_epoch = data.updates_per_epoch if config.schedule.unit == "epoch" else 1
     check_schedule(config.schedule, config.optimizer, planned, per_epoch)
-    _check_cosine_floor(config)
     _check_memory(config, data)
 
 
@@ -70,18 +69,6 @@ def check_data_size(config: Config) -> None:
         raise ConfigError(f"data.n_samples = {n} makes {need / 2**30:.1f} GiB of {config.data.name} samples "
                           f"({values} float64 values each); this machine has {have / 2**30:.1f} GiB "
                           f"(use fewer samples)")
-
-
-def _check_cosine_floor(config: Config) -> None:
-    spec = config.schedule
-    parts = spec.schedulers if spec.name == "sequential" and spec.schedulers else [spec]
-    low = min(group_base_lrs(config.optimizer))
-    for part in parts:
-        eta_min = getattr(part, "eta_min", None)
-        if part.name in ("cosine", "cosine_restarts") and eta_min is not None and eta_min > low:
-            where = "schedule" if part is spec else "a schedule.schedulers part"
-            raise ConfigError(f"{where} eta_min = {eta_min} is above the lowest group lr {low}: {part.name} would "
-                              f"anneal the lr up to eta_min; eta_min must not exceed any group's lr")
 
 
 def _memory_bytes() -> int | None:
