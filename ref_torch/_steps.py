@@ -21,7 +21,7 @@ from conformance.events import notify
 from conformance.rules import plateau
 from conformance.rules.ema import ema_due
 from conformance.rules.inputs import INDEX_LOSSES
-from conformance.rules.schedules import check_observed, check_run_length, check_schedule
+from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.loop import Update
 from conformance.run.records import EvalTotals
@@ -60,7 +60,6 @@ class Steps:
         self.objs = _train_state.Objects(model, self.optimizer, LossScaler(config.precision, device), tensors,
                                          init_ema(config.ema, self.params))
         per_epoch = run.data.updates_per_epoch if config.schedule.unit == "epoch" else 1
-        check_schedule(config.schedule, config.optimizer, run.planned, per_epoch)
         check_observed(config.schedule, config.run.eval_every, run.data.info.n_val, config.loss.name)
         for note in check_run_length(config.schedule, run.planned, per_epoch):
             if run.metrics is not None:
