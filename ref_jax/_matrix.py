@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ref_jax._kernels import coef, float_count, lerp, prepare, zeros
-from ref_jax._muon import orthogonalize
+from ref_jax._muon import newton_schulz
 
 
 class AdafactorState(NamedTuple):
@@ -80,7 +80,7 @@ def muon_update(g, s: MuonState, p, hp, cfg):
     mu = hp["momentum"]
     buf = lerp(s.momentum_buffer, g, 1 - mu)
     x = lerp(g, buf, mu) if cfg["nesterov"] else buf
-    o = orthogonalize(x, cfg["ns_coefficients"], cfg["ns_steps"], hp["eps"], cfg["ns_dtype"])
+    o = newton_schulz(x, cfg["ns_coefficients"], cfg["ns_steps"], hp["eps"], cfg["ns_dtype"])
     rows, cols = p.shape
     if cfg["adjust_lr_fn"] == "original":
         ratio = max(1.0, rows / cols) ** 0.5 if cols else 1.0

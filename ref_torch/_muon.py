@@ -1,11 +1,14 @@
-"""Muon for ref_torch: torch.optim.Muon for the 2-D parameters, another optimizer for the rest.
-
-`MuonWithFallback` is one torch.optim.Optimizer whose param_groups (in twinstep's group order)
-are shared, dict for dict and state for state, with two inner optimizers: torch.optim.Muon (or
-`FloatMuon`, the same algorithm with Newton–Schulz in float32/float64 instead of torch's hard-coded
-bfloat16) and the fallback (AdamW by default). Schedulers, `param_groups[i]["lr"]` edits,
-state_dict/load_state_dict and zero_grad see one optimizer, as with the built-ins.
+"""Muon's Newton–Schulz orthogonalisation with the working dtype as a parameter (`newton_schulz`):
+the iteration torch.optim.Muon runs in bfloat16 (torch/optim/_muon.py), which `ns_dtype =
+"float32" | "float64"` runs in that dtype instead; the twin's Muon update calls it.
 """
+
+# Besides the iteration, torch.optim classes: `MuonWithFallback` is one torch.optim.Optimizer whose
+# param_groups (in twinstep's group order) are shared, dict for dict and state for state, with two
+# inner optimizers: torch.optim.Muon (or `FloatMuon`, the same algorithm with Newton–Schulz in
+# float32/float64 instead of torch's hard-coded bfloat16) and the fallback (AdamW by default).
+# Schedulers, `param_groups[i]["lr"]` edits, state_dict/load_state_dict and zero_grad see one
+# optimizer, as with the built-ins.
 
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ from ref_torch._elementwise import closure_loss
 
 def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
-    """torch.optim._muon._zeropower_via_newtonschulz with the working dtype as a parameter."""
+    """torch.optim._muon._zeropower_via_newtonschulz with the working dtype as a parameter (a 2-D
+    gradient)."""
+    # torch's code with `dtype` (a torch.dtype) for its hard-coded bfloat16: in torch.bfloat16 it is
+    # torch's iteration exactly
     a, b, c = coefficients
     x = grad.to(dtype)
     tall = grad.size(0) > grad.size(1)

@@ -41,7 +41,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "no shared definition yet: torch assembles torch.optim objects, JAX one optax transform over "
                   "ref_jax._elementwise (its owners' file)"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_muon", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_schedule_free", "torch.optim classes vs per-parameter pure functions that ref_jax._elementwise (its owners' "
                        "file) dispatches to: aligned with it"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
@@ -109,6 +108,11 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._parallel", "placement"): _MESH,
     ("ref_jax._parallel", "host_array"): "a jax.Array spanning processes is read through its local copy; a torch "
                                          "tensor is local",
+    ("ref_torch._muon", "FloatMuon"): "torch.optim.Muon hard-codes bfloat16, so torch needs a subclass for ns_dtype; "
+                                      "JAX's Muon update (ref_jax._matrix) passes ns_dtype to newton_schulz",
+    ("ref_torch._muon", "MuonWithFallback"): "torch.optim steps one Optimizer object over all groups; JAX's "
+                                             "assembly updates each group with its own optimizer (the fallback's "
+                                             "groups with the fallback's)",
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
@@ -121,6 +125,9 @@ OWN_SIGNATURES: dict[tuple[str, str], str] = {
                                    "process_allgather needs neither",
     ("_model", "make"): "torch places the module on a device when it is made; JAX's arrays are placed on the mesh "
                         "later, with the rest of the train state",
+    ("_muon", "newton_schulz"): "torch takes a torch.dtype (torch.bfloat16 is torch's own iteration); JAX a dtype "
+                                "name, whose \"bfloat16\" emulates torch's rounding, and an eps that may be a "
+                                "traced hyper-parameter",
     ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "
                                            "JAX returns one new array, mapped over a pytree by optax transforms",
     ("_clip_transforms", "clip_with_norm"): "torch clips in place and reduces the norms of FSDP shards over ranks "
