@@ -331,8 +331,7 @@ LEAVES: dict[str, tuple[Init, Update]] = {
     "lion": (lion_init, lion_update),
     "adafactor": (adafactor_init, adafactor_update),
     "muon": (muon_init, muon_update),
-    "schedule_free_adamw": (_schedule_free.adamw_init, _schedule_free.update),
-    "schedule_free_sgd": (_schedule_free.sgd_init, _schedule_free.update),
+    **_schedule_free.OPTIMIZERS,
 }
 
 

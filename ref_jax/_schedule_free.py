@@ -1,12 +1,18 @@
-"""Schedule-free AdamW and SGD for ref_jax (facebookresearch `schedulefree`), one parameter at a time.
+"""Schedule-free AdamW and SGD (facebookresearch `schedulefree`), with twinstep's per-parameter counts.
 
-The twin of ref_torch._schedule_free: the package's AdamWScheduleFree / SGDScheduleFree update with
-the parameter at the gradient point y and the average x implicit, x = (y − (1−β)·z)/β
-(`eval_point`, `train_point`: torch's lerp with weights 1 − 1/β and 1 − β). Counts are per
-parameter; `weight_sum` and `lr_max` are 0-d states (float64 for float64 parameters, else
-float32), the scalar arithmetic in the hyper-parameters' dtype. Equations:
-conformance/oracle/optimizers.py.
+The package's AdamWScheduleFree / SGDScheduleFree update (y and z only: the parameter is the
+gradient point y, the average x is implicit), written over twinstep's per-parameter counts: the
+package counts updates per parameter group, twinstep per parameter as torch.optim does (equal
+when every parameter has a gradient). The evaluation point is x = (y − (1−β)·z)/β (torch's
+lerp(y, z, 1 − 1/β), the package's eval()), the gradient point y = lerp(x, z, 1 − β) (its
+train()); the round trip rounds, so the trainers hold x between updates and move to y and back at
+each update, which keeps a resumed run bit for bit. `weight_sum` and `lr_max` are 0-d states
+(float64 for float64 parameters, else float32). Equations: conformance/oracle/optimizers.py.
 """
+
+# Per-parameter pure functions: `init` / `update` pairs that ref_jax._elementwise dispatches to;
+# `eval_point` and `train_point` return one parameter's x or y as a new array. The scalar
+# arithmetic is in the hyper-parameters' dtype.
 
 from __future__ import annotations
 
@@ -40,9 +46,10 @@ def sgd_init(p: Any, cfg: Mapping[str, Any]) -> ScheduleFreeState:
     return _init(p, False)
 
 
-def beta(hp: Mapping[str, Any]) -> Any:
-    """The interpolation weight of y between x and z: β1 (adamw) or momentum (sgd)."""
-    return hp["betas"][0] if "betas" in hp else hp["momentum"]
+def beta(group: Mapping[str, Any]) -> Any:
+    """The interpolation weight of y between x and z for one parameter group: β1 (adamw) or
+    momentum (sgd)."""
+    return group["betas"][0] if "betas" in group else group["momentum"]
 
 
 def eval_point(y: Any, s: ScheduleFreeState, b: Any) -> Any:
@@ -78,3 +85,7 @@ def update(g, s: ScheduleFreeState, p, hp, cfg):
     y = lerp(p, z, c) + coef(lr * (beta(hp) * (1 - c) - 1), p) * u
     z = z - coef(lr, z) * u
     return y, ScheduleFreeState(t, z, total.astype(s.weight_sum.dtype), lr_max.astype(s.lr_max.dtype), v)
+
+
+# each schedule-free optimizer's implementation by its name in conformance.config.optimizer
+OPTIMIZERS = {"schedule_free_adamw": (adamw_init, update), "schedule_free_sgd": (sgd_init, update)}

@@ -65,8 +65,8 @@ def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[.
     """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
     if name == "lion":
         return _elementwise.Lion, set()
-    if name in _schedule_free.CLASSES:
-        return _schedule_free.CLASSES[name], set()
+    if name in _schedule_free.OPTIMIZERS:
+        return _schedule_free.OPTIMIZERS[name], set()
     decoupled = any(g.get("decoupled_weight_decay") for g in groups)
     if name in ("adam", "adamw"):
         if any(g["eps_root"] != 0 or g["eps_hat"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")

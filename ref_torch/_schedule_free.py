@@ -1,16 +1,21 @@
-"""Schedule-free AdamW and SGD for ref_torch (facebookresearch `schedulefree`), per-parameter counts.
+"""Schedule-free AdamW and SGD (facebookresearch `schedulefree`), with twinstep's per-parameter counts.
 
 The package's AdamWScheduleFree / SGDScheduleFree update (y and z only: the parameter is the
 gradient point y, the average x is implicit), written over twinstep's per-parameter counts: the
 package counts updates per parameter group, twinstep per parameter as torch.optim does (equal
-when every parameter has a gradient). `eval()` moves the parameters to x = (y − (1−β)·z)/β
-(torch's lerp(y, z, 1 − 1/β)), `train()` back to y = lerp(x, z, 1 − β), as the package does; the
-round trip rounds, so the trainers make it at the same points of every run (evaluations and
-checkpoints), which keeps a resumed run bit for bit. Equations: conformance/oracle/optimizers.py.
+when every parameter has a gradient). The evaluation point is x = (y − (1−β)·z)/β (torch's
+lerp(y, z, 1 − 1/β), the package's eval()), the gradient point y = lerp(x, z, 1 − β) (its
+train()); the round trip rounds, so the trainers hold x between updates and move to y and back at
+each update, which keeps a resumed run bit for bit. `weight_sum` and `lr_max` are 0-d states
+(float64 for float64 parameters, else float32). Equations: conformance/oracle/optimizers.py.
 """
+
+# torch.optim.Optimizer classes over ref_torch._elementwise.Foreach: `eval()` moves the parameters
+# to x in place, `train()` back to y, as the package's optimizer.eval() / .train() do.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,10 +24,14 @@ from conformance.errors import InputError
 from ref_torch._elementwise import Foreach
 
 
+def beta(group: Mapping[str, Any]) -> Any:
+    """The interpolation weight of y between x and z for one parameter group: β1 (adamw) or
+    momentum (sgd)."""
+    return group["betas"][0] if "betas" in group else group["momentum"]
+
+
 class ScheduleFree(Foreach):
     """The common part: averaging weights, warm-up, the y and z sequences, train()/eval() switches."""
-
-    BETA = "momentum"
 
     def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
         super().__init__(params, defaults)
@@ -32,9 +41,6 @@ class ScheduleFree(Foreach):
         scalar = torch.float64 if p.dtype == torch.float64 else torch.float32  # as NAdam's mu_product
         return {"z": p.detach().clone(memory_format=torch.preserve_format),
                 "weight_sum": torch.zeros((), dtype=scalar), "lr_max": torch.zeros((), dtype=scalar)}
-
-    def _beta(self, group: dict[str, Any]) -> float:
-        return group["betas"][0] if self.BETA == "betas" else group["momentum"]
 
     def _direction(self, group: dict[str, Any], g: torch.Tensor, state: dict[str, Any], t: float) -> torch.Tensor:
         return g
@@ -48,7 +54,7 @@ class ScheduleFree(Foreach):
         return super().step(closure)
 
     def _update(self, group, params, grads, states):
-        beta, wd, warmup = self._beta(group), group["weight_decay"], group["warmup_steps"]
+        b, wd, warmup = beta(group), group["weight_decay"], group["warmup_steps"]
         for p, g, s in zip(params, grads, states):
             t = s["step"].item()
             lr = group["lr"] * (t / warmup if t - 1 < warmup else 1.0)
@@ -62,16 +68,16 @@ class ScheduleFree(Foreach):
             if wd != 0:
                 u = u.add(p, alpha=wd)  # the decay is taken at y, the parameter in training
             p.lerp_(s["z"], c)
-            p.add_(u, alpha=lr * (beta * (1 - c) - 1))
+            p.add_(u, alpha=lr * (b * (1 - c) - 1))
             s["z"].sub_(u, alpha=lr)
 
     @torch.no_grad()
     def _switch(self, to_x: bool) -> None:
         for group in self.param_groups:
-            beta = self._beta(group)
+            b = beta(group)
             for p in group["params"]:
                 if "z" in self.state.get(p, {}):
-                    p.lerp_(self.state[p]["z"], 1 - 1 / beta if to_x else 1 - beta)
+                    p.lerp_(self.state[p]["z"], 1 - 1 / b if to_x else 1 - b)
         self.train_mode = not to_x
 
     def eval(self) -> None:
@@ -88,8 +94,6 @@ class ScheduleFree(Foreach):
 class ScheduleFreeAdamW(ScheduleFree):
     """schedulefree.AdamWScheduleFree: u = g/(√(v/(1−β2ᵗ)) + ε) + wd·y, y ← lerp(y, z, c) +
     lr_t·(β1·(1−c) − 1)·u, z ← z − lr_t·u."""
-
-    BETA = "betas"
 
     def __init__(self, params: Any, lr: float = 0.0025, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, warmup_steps: int = 0, r: float = 0.0,
@@ -117,4 +121,5 @@ class ScheduleFreeSGD(ScheduleFree):
                                   "warmup_steps": warmup_steps, "r": r, "weight_lr_power": weight_lr_power})
 
 
-CLASSES = {"schedule_free_adamw": ScheduleFreeAdamW, "schedule_free_sgd": ScheduleFreeSGD}
+# each schedule-free optimizer's implementation by its name in conformance.config.optimizer
+OPTIMIZERS = {"schedule_free_adamw": ScheduleFreeAdamW, "schedule_free_sgd": ScheduleFreeSGD}

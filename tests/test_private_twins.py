@@ -41,8 +41,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "no shared definition yet: torch assembles torch.optim objects, JAX one optax transform over "
                   "ref_jax._elementwise (its owners' file)"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_schedule_free", "torch.optim classes vs per-parameter pure functions that ref_jax._elementwise (its owners' "
-                       "file) dispatches to: aligned with it"),
     ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_train_state", "torch restores framework objects in place, JAX builds a pure TrainState; the jobs they share "
                      "(the save, the final weights) have no shared names yet"),
@@ -59,6 +57,12 @@ _NORMS = "torch.nn.utils.get_total_norm; optax has no p-norm of a pytree"
 _MODULE_HOLDS = "a torch module holds its tensors, reached by name; JAX's arrays are Model.params and .state"
 _EAGER_LOSS = "torch computes a micro-batch's loss eagerly on the module; JAX's loss is traced in ref_jax._train_step"
 _KEYS = "an NNX module's state holds typed PRNG keys, checkpointed as key data; torch's buffers are plain tensors"
+_SF_CLASSES = ("a torch optimizer is a torch.optim.Optimizer class (eval() / train() move its parameters in place); "
+               "JAX's is an init / update pair of per-parameter pure functions (OPTIMIZERS on both sides)")
+_SF_LEAF = ("one parameter's pure init / update and its state, dispatched to by ref_jax._elementwise; torch's "
+            "optimizer classes keep a state dict per parameter and update in place")
+_SF_POINTS = ("one parameter's x or y as a new array; torch's optimizer moves all its parameters in place by its "
+              "eval() / train()")
 _MESH = "one jax.sharding Mesh over the run's devices; a torch process has one device (ref_torch._runtime)"
 # (module, name) -> why the definition exists on that side only.
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
@@ -113,6 +117,15 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_torch._muon", "MuonWithFallback"): "torch.optim steps one Optimizer object over all groups; JAX's "
                                              "assembly updates each group with its own optimizer (the fallback's "
                                              "groups with the fallback's)",
+    ("ref_torch._schedule_free", "ScheduleFree"): _SF_CLASSES,
+    ("ref_torch._schedule_free", "ScheduleFreeAdamW"): _SF_CLASSES,
+    ("ref_torch._schedule_free", "ScheduleFreeSGD"): _SF_CLASSES,
+    ("ref_jax._schedule_free", "ScheduleFreeState"): _SF_LEAF,
+    ("ref_jax._schedule_free", "adamw_init"): _SF_LEAF,
+    ("ref_jax._schedule_free", "sgd_init"): _SF_LEAF,
+    ("ref_jax._schedule_free", "eval_point"): _SF_POINTS,
+    ("ref_jax._schedule_free", "train_point"): _SF_POINTS,
+    ("ref_jax._schedule_free", "update"): _SF_LEAF,
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
