@@ -61,6 +61,8 @@ LEGAL: list[tuple[tuple[str, ...], list[Any], str]] = [
      "a boolean (strict types still refuse 0 and 1.5; loss.log_target and clip.per_parameter refuse true "
      "too: they need name = kl_div and max_norm)"),
     (("model.dropout", "loss.label_smoothing"), [0], "in range: no dropout, no smoothing"),
+    (("loss.z_loss",), [0, 1e30], "any finite value >= 0, as optimizer.lr (0 = no z-loss, the default; 1e30 is "
+                                  "huge but finite)"),
     (("data.val_fraction",), [0], "in [0, 1): no validation split"),
     (("checkpoint.every", "run.eval_every"), [0], "0 = only at the end / never evaluate (documented)"),
     (("run.seed",), [0], "any non-negative seed"),

@@ -26,6 +26,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "log_target": ("kl_div",),
     "alpha": ("sigmoid_focal",),
     "gamma": ("sigmoid_focal",),
+    "z_loss": ("cross_entropy",),
 }
 
 
@@ -74,7 +75,11 @@ class LossSpec(Section):
     or a (nested) list broadcast against the prediction as torch broadcasts it (`[2.5]` weighs every
     positive). sigmoid_focal is torchvision's `sigmoid_focal_loss`:
     ℓ = α_t·(1 − p_t)^γ·bce(x, y), p = σ(x), p_t = p·y + (1 − p)(1 − y),
-    α_t = α·y + (1 − α)(1 − y) (α = -1: α_t = 1); defaults α = 0.25, γ = 2 (torchvision's)."""
+    α_t = α·y + (1 − α)(1 − y) (α = -1: α_t = 1); defaults α = 0.25, γ = 2 (torchvision's).
+    `z_loss` = c (cross_entropy only; 0 = off) is PaLM's auxiliary term: each element's loss gains
+    c·c_i·(log Z_i)², log Z_i the logsumexp of its logits and c_i its count weight (1; 0 where
+    ignored; w_{y_i} with class weights), so the mean is MaxText's / OLMo's z-loss mean
+    (docs/contract.md, "z-loss")."""
 
     name: LossName = "cross_entropy"
     reduction: Literal["mean", "sum", "none", "batchmean"] = "mean"
@@ -87,6 +92,7 @@ class LossSpec(Section):
     log_target: bool = False
     alpha: Annotated[float, BeforeValidator(_focal_alpha)] = 0.25
     gamma: NonNegative = 2.0
+    z_loss: NonNegative = 0.0
 
     @model_validator(mode="after")
     def _check(self) -> "LossSpec":
