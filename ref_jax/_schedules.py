@@ -1,24 +1,33 @@
-"""Optax schedules for a ScheduleSpec (JAX only; the torch twin builds lr_scheduler objects).
+"""The lr schedule of a ScheduleSpec in each framework's own form, counted in optimizer updates, and
+reduce_on_plateau's state to and from its neutral form (conformance.rules.plateau).
 
-Each group gets one jittable callable count -> lr, built from optax schedules where optax has the
-same mathematics (exponential_decay with its end_value but for the staircase, piecewise_constant_schedule,
-linear_schedule, polynomial_schedule with its end_value, cosine_decay_schedule,
-warmup_cosine_decay_schedule, join_schedules) and from small closed forms where it has none or
-differs (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm restarts for ever
-with Keras's m_mul, inverse sqrt, wsd's 1 − sqrt decay, ChainedScheduler's product of factors,
-CyclicLR's triangles).
-
-reduce_on_plateau is no function of the count: `plateau_step` is torch's ReduceLROnPlateau as one
-pure, jittable step over a NamedTuple state (`PlateauState`), fed each observed metric.
-optax.contrib.reduce_on_plateau is not used: it reduces after `patience` bad values (torch after
-patience + 1), knows only "min" with rtol and atol together, scales all updates by one factor
-with a relative floor (torch: every group's lr, an absolute min_lr and eps) and can average
-several values before deciding (docs/divergences.md S-PLATEAU).
-
-Exact in float64: optax counters are int32, and int32 / int is float32 even with x64 on
-(reference/semantics.md §0.2), so every schedule first casts the count to the default float type
-(float64 under `jax.enable_x64`).
+Each schedule is torch.optim.lr_scheduler's of the same meaning (StepLR, CosineAnnealingLR,
+OneCycleLR, SequentialLR, ChainedScheduler, CyclicLR, ReduceLROnPlateau, ...), with the variants a
+spec may ask for where torch has none: optax's end values (polynomial, exponential, step with
+end_factor), warmup_cosine's hold at eta_min after total_steps (convention "optax"), Keras's
+restart multiplier (cosine_restarts with m_mul != 1), inverse_sqrt's and wsd's decays. `unit =
+"epoch"` advances a schedule once every `updates_per_epoch` updates. reduce_on_plateau is no
+function of the count: the lrs hold between observed metrics and move by torch's
+ReduceLROnPlateau rule when one is observed (docs/divergences.md S-PLATEAU: not optax's).
 """
+
+# Optax schedules: each group gets one jittable callable count -> lr, built from optax schedules
+# where optax has the same mathematics (exponential_decay with its end_value but for the
+# staircase, piecewise_constant_schedule, linear_schedule, polynomial_schedule with its end_value,
+# cosine_decay_schedule, warmup_cosine_decay_schedule, join_schedules) and from small closed forms
+# where it has none or differs (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm
+# restarts for ever with Keras's m_mul, inverse sqrt, wsd's 1 − sqrt decay, ChainedScheduler's
+# product of factors, CyclicLR's triangles).
+#
+# reduce_on_plateau: `plateau_step` is torch's ReduceLROnPlateau as one pure, jittable step over a
+# NamedTuple state (`PlateauState`), fed each observed metric. optax.contrib.reduce_on_plateau is
+# not used: it reduces after `patience` bad values (torch after patience + 1), knows only "min"
+# with rtol and atol together, scales all updates by one factor with a relative floor (torch:
+# every group's lr, an absolute min_lr and eps) and can average several values before deciding.
+#
+# Exact in float64: optax counters are int32, and int32 / int is float32 even with x64 on
+# (reference/semantics.md §0.2), so every schedule first casts the count to the default float type
+# (float64 under `jax.enable_x64`).
 
 from __future__ import annotations
 
@@ -218,9 +227,13 @@ def _counted(schedule: Schedule, updates_per_epoch: int) -> Schedule:
     return lambda count: schedule(schedule_step(count, updates_per_epoch))
 
 
-def build_schedules(spec: ScheduleSpec, base_lrs: Sequence[float], updates_per_epoch: int = 1) -> GroupSchedules:
-    """Optax schedules for every param group (base lrs in group order, default group last): each a
-    jittable count -> value with the count taken as optimizer updates (int32 is fine: it is cast)."""
+def build_scheduler(spec: ScheduleSpec, base_lrs: Sequence[float], updates_per_epoch: int = 1) -> GroupSchedules:
+    """Every param group's lr schedule for `spec` (and its cycled momentum or beta1, where the
+    spec cycles one), advanced once per optimizer update (not on updates skipped under
+    precision.schedule_on_skip = "hold")."""
+    # Optax schedules, base lrs in group order (default group last): each a jittable count -> value
+    # with the count taken as optimizer updates (int32 is fine: it is cast); the caller feeds them
+    # the count of updates that advanced the schedule.
     if updates_per_epoch < 1 or (spec.unit == "update" and updates_per_epoch != 1):
         raise InputError(f"updates_per_epoch must be 1 for unit = 'update' and >= 1 for unit = "
                          f"'epoch'; received {updates_per_epoch}")
@@ -276,14 +289,16 @@ def plateau_step(spec: ScheduleSpec, state: PlateauState, metric: Any) -> Platea
 
 
 def plateau_neutral(state: PlateauState) -> Plateau:
-    """The neutral plateau state (conformance.rules.plateau) of a PlateauState."""
+    """The neutral plateau state (conformance.rules.plateau): best, bad observations, cooldown,
+    observations and every group's lr."""
     lrs = tuple(float(x) for x in np.asarray(state.lrs, np.float64))
     return Plateau(float(state.best), int(state.num_bad_epochs), int(state.cooldown_counter),
                    int(state.observed), lrs)
 
 
 def plateau_from_neutral(state: Plateau) -> PlateauState:
-    """A PlateauState from the neutral plateau state."""
+    """The plateau state from its neutral form (conformance.rules.plateau), lrs included."""
+    # a new PlateauState
     return PlateauState(jnp.asarray(state.best), jnp.asarray(state.num_bad_epochs),
                         jnp.asarray(state.cooldown_counter), jnp.asarray(state.observed),
                         jnp.asarray(state.lrs, jnp.result_type(float)))

@@ -2,7 +2,7 @@
 
 torch: torch.optim.lr_scheduler classes (ref_torch._schedules.build_scheduler), stepped after
 every optimizer.step(); JAX: one jittable optax schedule per param group, of the update count
-(ref_jax._schedules.build_schedules; onecycle and cyclic with cycle_momentum also yield momentum
+(ref_jax._schedules.build_scheduler; onecycle and cyclic with cycle_momentum also yield momentum
 or beta1 schedules). Either way update t applies the value at t (docs/contract.md §2).
 reduce_on_plateau follows observed metrics instead: torch's ReduceLROnPlateau
 (ref_torch._schedules.MetricPlateau) or a small pure step over a NamedTuple state
@@ -29,7 +29,7 @@ from conformance.rules.schedules import (
     cycled_hyperparameter,
     spots,
 )
-from ref_jax._schedules import PlateauState, build_schedules, plateau_init, plateau_step
+from ref_jax._schedules import PlateauState, build_scheduler, plateau_init, plateau_step
 
 _CHUNK = 512  # updates evaluated per call
 
@@ -53,7 +53,7 @@ def schedule_values(
     base = group_base_lrs(optimizer)
     if schedule.name == "reduce_on_plateau":
         return {"lr": _plateau_table(schedule, base, observed, steps)[rows], "momentum": None, "momentum_name": None}
-    built = build_schedules(schedule, base, updates_per_epoch)
+    built = build_scheduler(schedule, base, updates_per_epoch)
     padded = np.concatenate([rows, np.full(-len(rows) % _CHUNK, rows[-1])])
     chunks = [jnp.asarray(padded[i:i + _CHUNK], dtype=jnp.int32) for i in range(0, len(padded), _CHUNK)]
 

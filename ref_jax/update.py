@@ -23,7 +23,7 @@ from conformance.config import Config
 from conformance.rules.groups import group_base_lrs, resolve_groups
 from conformance.rules.schedules import cycled_hyperparameter
 from conformance.rules.windows import check_window
-from ref_jax._schedules import build_schedules
+from ref_jax._schedules import build_scheduler
 from ref_jax._update import UpdateSpecs, UpdateState, finish_update, make_update_step
 from ref_jax._window import stack_window
 from ref_jax.backend import framework_dtype
@@ -53,7 +53,7 @@ def _run(config: Config, params: Mapping[str, np.ndarray], windows: Sequence[Seq
     p = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
     groups = resolve_groups(config.optimizer, {k: np.shape(v) for k, v in params.items()})
     tx = build_optimizer(config.optimizer, p)
-    built = build_schedules(config.schedule, group_base_lrs(config.optimizer), updates_per_epoch)
+    built = build_scheduler(config.schedule, group_base_lrs(config.optimizer), updates_per_epoch)
     cycled = cycled_hyperparameter(config.schedule, config.optimizer)
     prec = config.precision
     specs = UpdateSpecs(config.accumulation, config.clip, prec)

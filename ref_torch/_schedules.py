@@ -1,15 +1,23 @@
-"""torch.optim.lr_scheduler objects for a ScheduleSpec (torch only; the JAX twin builds optax schedules).
+"""The lr schedule of a ScheduleSpec in each framework's own form, counted in optimizer updates, and
+reduce_on_plateau's state to and from its neutral form (conformance.rules.plateau).
 
-Each schedule is the torch class of the same meaning (StepLR, CosineAnnealingLR, OneCycleLR,
-SequentialLR, ChainedScheduler, CyclicLR, ReduceLROnPlateau, ...). LambdaLR appears only where
-torch has no class: inverse_sqrt's decay, wsd's decay, a warm-up that starts at 0 or above the
-peak (LinearLR needs 0 < start_factor <= 1), warmup_cosine's hold at eta_min after total_steps
-(convention "optax"), optax's end values (polynomial, exponential, step with end_factor) and
-Keras's restart multiplier (cosine_restarts with m_mul != 1). `unit = "epoch"` wraps the
-scheduler in `PerEpochLR`, which steps it once every `updates_per_epoch` updates.
-reduce_on_plateau is `MetricPlateau`: stepped after every update like the others (a no-op), and
-with the observed metric by whoever observes it (`MetricPlateau.step(metric)`).
+Each schedule is torch.optim.lr_scheduler's of the same meaning (StepLR, CosineAnnealingLR,
+OneCycleLR, SequentialLR, ChainedScheduler, CyclicLR, ReduceLROnPlateau, ...), with the variants a
+spec may ask for where torch has none: optax's end values (polynomial, exponential, step with
+end_factor), warmup_cosine's hold at eta_min after total_steps (convention "optax"), Keras's
+restart multiplier (cosine_restarts with m_mul != 1), inverse_sqrt's and wsd's decays. `unit =
+"epoch"` advances a schedule once every `updates_per_epoch` updates. reduce_on_plateau is no
+function of the count: the lrs hold between observed metrics and move by torch's
+ReduceLROnPlateau rule when one is observed (docs/divergences.md S-PLATEAU: not optax's).
 """
+
+# torch.optim.lr_scheduler objects. LambdaLR appears only where torch has no class: inverse_sqrt's
+# decay, wsd's decay, a warm-up that starts at 0 or above the peak (LinearLR needs 0 < start_factor
+# <= 1), warmup_cosine's hold at eta_min after total_steps, optax's end values and Keras's restart
+# multiplier. `unit = "epoch"` wraps the scheduler in `PerEpochLR`, which steps it once every
+# `updates_per_epoch` updates. reduce_on_plateau is `MetricPlateau`: stepped after every update
+# like the others (a no-op), and with the observed metric by whoever observes it
+# (`MetricPlateau.step(metric)`).
 
 from __future__ import annotations
 
@@ -75,25 +83,6 @@ class MetricPlateau(sched.ReduceLROnPlateau):
             super().step(metrics)
 
 
-def plateau_state(scheduler: MetricPlateau) -> Plateau:
-    """The neutral state (conformance.rules.plateau) of a MetricPlateau and its optimizer's lrs."""
-    lrs = tuple(float(g["lr"]) for g in scheduler.optimizer.param_groups)
-    return Plateau(float(scheduler.best), int(scheduler.num_bad_epochs), int(scheduler.cooldown_counter),
-                   int(scheduler.last_epoch), lrs)
-
-
-def load_plateau(scheduler: MetricPlateau, state: Plateau) -> None:
-    """Put a neutral plateau state into the scheduler and its optimizer's groups."""
-    scheduler.best, scheduler.num_bad_epochs = state.best, state.num_bad_epochs
-    scheduler.cooldown_counter, scheduler.last_epoch = state.cooldown_counter, state.observed
-    for group, lr in zip(scheduler.optimizer.param_groups, state.lrs, strict=True):
-        if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)
-        else:
-            group["lr"] = lr
-    scheduler._last_lr = [float(x) for x in state.lrs]
-
-
 def _factor(optimizer: Optimizer, value: Callable[[int], float]) -> sched.LambdaLR:
     return sched.LambdaLR(optimizer, value)  # a factor of every group's base lr, where torch has no class
 
@@ -110,10 +99,10 @@ def _ratio(value: Callable[[int], float], base: float) -> Callable[[int], float]
     return (lambda s: value(s) / base) if base > 0 else (lambda s: 0.0)
 
 
-Segment = tuple[int | None, Callable[[], sched.LRScheduler]]  # (length or None = open-ended, builder)
+_Segment = tuple[int | None, Callable[[], sched.LRScheduler]]  # (length or None = open-ended, builder)
 
 
-def _in_sequence(optimizer: Optimizer, segments: list[Segment]) -> sched.LRScheduler:
+def _in_sequence(optimizer: Optimizer, segments: list[_Segment]) -> sched.LRScheduler:
     """One SequentialLR over segments; zero-length ones are never built. Composite schedules are
     flattened into segments because a SequentialLR nested in another fails at its milestone."""
     kept = [(n, make) for n, make in segments if n != 0]
@@ -127,11 +116,11 @@ def _in_sequence(optimizer: Optimizer, segments: list[Segment]) -> sched.LRSched
     return sched.SequentialLR(optimizer, parts, milestones)
 
 
-def _truncate(segments: list[Segment], length: int | None) -> list[Segment]:
+def _truncate(segments: list[_Segment], length: int | None) -> list[_Segment]:
     """The segments that fit in `length` updates (a sequential part ends at the next milestone)."""
     if length is None:
         return segments
-    out: list[Segment] = []
+    out: list[_Segment] = []
     left = length
     for n, make in segments:
         if left <= 0:
@@ -223,7 +212,7 @@ def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.
     raise ConfigError(f"schedule.name {name!r} has no torch scheduler")
 
 
-def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> list[Segment]:
+def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> list[_Segment]:
     """A schedule as consecutive (length, scheduler builder) segments, each restarting at step 0."""
     name, o = spec.name, optimizer
     warm = (spec.warmup_steps or 0, lambda: _warmup(o, spec))
@@ -245,7 +234,7 @@ def _segments(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> li
         return [warm, (total - w - d, stable), (None, decay)]
     if name == "sequential":
         bounds = [0, *spec.milestones]
-        out: list[Segment] = []
+        out: list[_Segment] = []
         for i, part in enumerate(spec.schedulers):
             length = bounds[i + 1] - bounds[i] if i + 1 < len(bounds) else None
             out.extend(_truncate(_segments(part, o, base), length))
@@ -260,14 +249,14 @@ def build_scheduler(
     base_lrs: Sequence[float] | None = None,
     start: int = 0,
 ) -> sched.LRScheduler:
-    """A torch LRScheduler for `spec`, to be stepped once per optimizer update, after
-    `optimizer.step()` (not on updates skipped under precision.schedule_on_skip = "hold").
-
-    `base_lrs` (one per param group; default: the groups' current lr) are written into the groups
-    first, so that a scheduler can be rebuilt on an optimizer whose state was loaded. `start` = t
-    rebuilds it at update t: the groups then hold the lr (and cycled momentum) update t applies,
-    exactly as after t steps of an uninterrupted run. `state_dict()` / `load_state_dict()` also
-    round-trip."""
+    """Every param group's lr schedule for `spec` (and its cycled momentum or beta1, where the
+    spec cycles one), advanced once per optimizer update (not on updates skipped under
+    precision.schedule_on_skip = "hold")."""
+    # A torch LRScheduler, stepped after `optimizer.step()`. `base_lrs` (one per param group;
+    # default: the groups' current lr) are written into the groups first, so that a scheduler can be
+    # rebuilt on an optimizer whose state was loaded. `start` = t rebuilds it at update t: the groups
+    # then hold the lr (and cycled momentum) update t applies, exactly as after t steps of an
+    # uninterrupted run. `state_dict()` / `load_state_dict()` also round-trip.
     groups = optimizer.param_groups
     base = [float(g["lr"]) for g in groups] if base_lrs is None else [float(b) for b in base_lrs]
     if len(base) != len(groups):
@@ -291,3 +280,25 @@ def build_scheduler(
         for _ in range(start):
             scheduler.step()
     return scheduler
+
+
+def plateau_neutral(scheduler: MetricPlateau) -> Plateau:
+    """The neutral plateau state (conformance.rules.plateau): best, bad observations, cooldown,
+    observations and every group's lr."""
+    # read from the scheduler's attributes and its optimizer's groups
+    lrs = tuple(float(g["lr"]) for g in scheduler.optimizer.param_groups)
+    return Plateau(float(scheduler.best), int(scheduler.num_bad_epochs), int(scheduler.cooldown_counter),
+                   int(scheduler.last_epoch), lrs)
+
+
+def plateau_from_neutral(scheduler: MetricPlateau, state: Plateau) -> None:
+    """The plateau state from its neutral form (conformance.rules.plateau), lrs included."""
+    # put in place: into the scheduler's attributes and its optimizer's groups
+    scheduler.best, scheduler.num_bad_epochs = state.best, state.num_bad_epochs
+    scheduler.cooldown_counter, scheduler.last_epoch = state.cooldown_counter, state.observed
+    for group, lr in zip(scheduler.optimizer.param_groups, state.lrs, strict=True):
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+    scheduler._last_lr = [float(x) for x in state.lrs]

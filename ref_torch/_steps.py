@@ -29,7 +29,7 @@ from conformance.run.session import Run
 from ref_torch import _fsdp, _model, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
-from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_state
+from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_neutral
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.ema import init_ema, update_ema
@@ -113,7 +113,7 @@ class Steps:
 
     def save(self, updates_done: int, val_loss: float | None) -> Path | None:
         """Checkpoint the state after `updates_done` updates; collective (rank 0's path, else None)."""
-        state = plateau.to_json(plateau_state(self.scheduler)) if self.observing else None
+        state = plateau.to_json(plateau_neutral(self.scheduler)) if self.observing else None
         return _train_state.save_checkpoint(self.run, updates_done, self.objs, self.device, val_loss, state)
 
     def peak_memory_bytes(self) -> int:

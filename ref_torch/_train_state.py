@@ -31,7 +31,7 @@ from conformance.run.validate import check_optimizer_entries
 from ref_torch import _fsdp, _shards
 from ref_torch import _parallel as ddp
 from ref_torch._model import Tensors
-from ref_torch._schedules import MetricPlateau, load_plateau
+from ref_torch._schedules import MetricPlateau, plateau_from_neutral
 from ref_torch.backend import describe
 from ref_torch._arrays import native_numpy
 from ref_torch.checkpoint import restore_rng
@@ -169,7 +169,7 @@ def restore(checkpoint: Checkpoint, objs: Objects, rank: int) -> SkipState:
 def restore_plateau(checkpoint: Checkpoint, scheduler: MetricPlateau) -> None:
     """Put the checkpoint's reduce_on_plateau state (conformance.rules.plateau) into the scheduler."""
     groups = len(scheduler.optimizer.param_groups)
-    load_plateau(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
+    plateau_from_neutral(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
 
 
 def final_params(objs: Objects) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 
 torch: torch.optim.lr_scheduler classes (ref_torch._schedules.build_scheduler), stepped after
 every optimizer.step(); JAX: one jittable optax schedule per param group, of the update count
-(ref_jax._schedules.build_schedules; onecycle and cyclic with cycle_momentum also yield momentum
+(ref_jax._schedules.build_scheduler; onecycle and cyclic with cycle_momentum also yield momentum
 or beta1 schedules). Either way update t applies the value at t (docs/contract.md §2).
 reduce_on_plateau follows observed metrics instead: torch's ReduceLROnPlateau
 (ref_torch._schedules.MetricPlateau) or a small pure step over a NamedTuple state

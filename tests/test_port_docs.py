@@ -57,7 +57,7 @@ def _jax_update_path(config, params: dict, windows: list) -> list[dict]:
     from ref_jax import _update, optimizers
     from ref_jax import models as jm
     from ref_jax import precision as jp
-    from ref_jax._schedules import build_schedules
+    from ref_jax._schedules import build_scheduler
     from ref_jax._window import stack_window
     from ref_jax.losses import compute_loss
 
@@ -65,7 +65,7 @@ def _jax_update_path(config, params: dict, windows: list) -> list[dict]:
     apply = jm.functional(model)
     p = {k: jnp.asarray(v) for k, v in params.items()}
     tx = optimizers.build_optimizer(config.optimizer, p)
-    lrs = build_schedules(config.schedule, group_base_lrs(config.optimizer)).lr
+    lrs = build_scheduler(config.schedule, group_base_lrs(config.optimizer)).lr
     specs = _update.UpdateSpecs(config.accumulation, config.clip, config.precision)
     step = jax.jit(_update.make_update_step(specs, tx, lambda q, mb: compute_loss(config.loss, apply(q, mb["x"]),
                                                                                   mb["y"])))

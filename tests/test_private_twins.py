@@ -41,7 +41,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "no shared definition yet: torch assembles torch.optim objects, JAX one optax transform over "
                   "ref_jax._elementwise (its owners' file)"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_schedules", "being edited by its owners in this checkout; aligned after their change lands"),
     ("_train_state", "torch restores framework objects in place, JAX builds a pure TrainState; the jobs they share "
                      "(the save, the final weights) have no shared names yet"),
 )
@@ -63,6 +62,10 @@ _SF_LEAF = ("one parameter's pure init / update and its state, dispatched to by 
             "optimizer classes keep a state dict per parameter and update in place")
 _SF_POINTS = ("one parameter's x or y as a new array; torch's optimizer moves all its parameters in place by its "
               "eval() / train()")
+_COUNT = ("an optax schedule is a pure function of the update count; torch's scheduler is an object stepped "
+          "once per update that sets its optimizer's lrs")
+_PURE_PLATEAU = ("torch's ReduceLROnPlateau keeps its state in the scheduler object; a jitted JAX step takes and "
+                 "returns it as a value")
 _MESH = "one jax.sharding Mesh over the run's devices; a torch process has one device (ref_torch._runtime)"
 # (module, name) -> why the definition exists on that side only.
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
@@ -126,6 +129,19 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._schedule_free", "eval_point"): _SF_POINTS,
     ("ref_jax._schedule_free", "train_point"): _SF_POINTS,
     ("ref_jax._schedule_free", "update"): _SF_LEAF,
+    ("ref_torch._schedules", "PerEpochLR"): "a torch scheduler steps once per call, so unit = \"epoch\" wraps it "
+                                            "in one stepping the inner every updates_per_epoch calls; JAX divides "
+                                            "the count (schedule_step)",
+    ("ref_torch._schedules", "MetricPlateau"): "ReduceLROnPlateau stepped after every update like torch's other "
+                                               "schedulers; JAX's reduce_on_plateau is plateau_step, called only "
+                                               "with a metric",
+    ("ref_jax._schedules", "Schedule"): _COUNT,
+    ("ref_jax._schedules", "GroupSchedules"): _COUNT,
+    ("ref_jax._schedules", "schedule_step"): _COUNT,
+    ("ref_jax._schedules", "lr_schedule"): _COUNT,
+    ("ref_jax._schedules", "PlateauState"): _PURE_PLATEAU,
+    ("ref_jax._schedules", "plateau_init"): _PURE_PLATEAU,
+    ("ref_jax._schedules", "plateau_step"): _PURE_PLATEAU,
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
@@ -141,6 +157,12 @@ OWN_SIGNATURES: dict[tuple[str, str], str] = {
     ("_muon", "newton_schulz"): "torch takes a torch.dtype (torch.bfloat16 is torch's own iteration); JAX a dtype "
                                 "name, whose \"bfloat16\" emulates torch's rounding, and an eps that may be a "
                                 "traced hyper-parameter",
+    ("_schedules", "build_scheduler"): "torch's scheduler sets an optimizer's groups in place and is rebuilt at "
+                                       "update `start` by replaying its steps; JAX's schedules are pure functions of "
+                                       "the count, which need each group's base lr only",
+    ("_schedules", "plateau_neutral"): "torch reads the scheduler object and its optimizer; JAX a PlateauState",
+    ("_schedules", "plateau_from_neutral"): "torch puts the state into the scheduler object and its optimizer in "
+                                            "place; JAX returns a new PlateauState",
     ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "
                                            "JAX returns one new array, mapped over a pytree by optax transforms",
     ("_clip_transforms", "clip_with_norm"): "torch clips in place and reduces the norms of FSDP shards over ranks "

@@ -19,7 +19,7 @@ import torch
 from conformance.config import load_config
 from conformance.config.schedule import SCHEDULE_NAMES
 from conformance.rules.groups import group_base_lrs
-from ref_jax._schedules import build_schedules
+from ref_jax._schedules import build_scheduler as jax_build_scheduler
 from ref_torch._schedules import PerEpochLR, build_scheduler
 
 # One config per schedule, small enough for every test to sweep them all.
@@ -194,7 +194,7 @@ def test_per_epoch_wrapper_round_trips() -> None:
 def test_jax_schedules_are_jittable_float64_on_int32_counts(name: str) -> None:
     cfg = config(name)
     with jax.enable_x64(True):
-        built = build_schedules(cfg.schedule, group_base_lrs(cfg.optimizer))
+        built = jax_build_scheduler(cfg.schedule, group_base_lrs(cfg.optimizer))
         count = jnp.arange(20, dtype=jnp.int32)
         for fn in built.lr + (built.momentum or ()):
             jitted = jax.jit(jax.vmap(fn))(count)
@@ -226,7 +226,7 @@ def test_onecycle_momentum_cycling_end_to_end(opt_name: str) -> None:
         tsched.step()
         torch_path.append(param.detach().numpy().copy())
     with jax.enable_x64(True):
-        built = build_schedules(cfg.schedule, group_base_lrs(cfg.optimizer))
+        built = jax_build_scheduler(cfg.schedule, group_base_lrs(cfg.optimizer))
         if opt_name == "sgd":
             tx = optax.inject_hyperparams(optax.sgd)(learning_rate=built.lr[0], momentum=built.momentum[0])
         else:
@@ -246,7 +246,7 @@ def test_jax_restore_mid_warmup_continues_identically() -> None:
     and restored (as NumPy arrays) continues on the same lrs and parameters."""
     cfg = config("warmup_cosine")
     with jax.enable_x64(True):
-        lr = build_schedules(cfg.schedule, group_base_lrs(cfg.optimizer)).lr[0]
+        lr = jax_build_scheduler(cfg.schedule, group_base_lrs(cfg.optimizer)).lr[0]
         tx = optax.inject_hyperparams(optax.sgd)(learning_rate=lr, momentum=0.9)
 
         def run(p, state, n):

@@ -20,7 +20,7 @@ from conformance.harness.backends import Backend
 from conformance.harness.compare import compare
 from conformance.oracle.schedules import schedule_values as oracle_values
 from conformance.rules.groups import group_base_lrs
-from ref_jax._schedules import build_schedules
+from ref_jax._schedules import build_scheduler
 
 ATOL, RTOL = 1e-12, 1e-10  # docs/contract.md §3 float64
 n = st.integers
@@ -247,7 +247,7 @@ def test_cyclic_momentum_cycling_end_to_end(opt_name: str) -> None:
         tsched.step()
         torch_path.append(param.detach().numpy().copy())
     with jax.enable_x64(True):
-        built = build_schedules(cfg.schedule, group_base_lrs(cfg.optimizer))
+        built = build_scheduler(cfg.schedule, group_base_lrs(cfg.optimizer))
         hyper = {"momentum": built.momentum[0]} if opt_name == "sgd" else {"b1": built.momentum[0]}
         tx = optax.inject_hyperparams(getattr(optax, opt_name))(learning_rate=built.lr[0], **hyper)
         p = jnp.asarray(p0)
