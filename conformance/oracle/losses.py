@@ -16,6 +16,13 @@ leave the count alone: sum = Σ_i m_i s_i ℓ_i, count = Σ_i m_i c_i; s has the
 ℓ's shape and is broadcast over the rest. A masked element contributes exactly 0, even where ℓ_i
 is NaN or ±inf (a mask selects, it does not multiply).
 
+z-loss (cross_entropy's `z_loss` = z > 0, PaLM's auxiliary term as MaxText and OLMo write it): each
+element's loss gains z·c_i·(log Z_i)², log Z_i = log Σ_k exp(x_{i,k}), weighted by the element's
+count weight c_i, so ignored elements add nothing and the mean divides the z terms by the same
+count as the cross-entropy (Σ_i m_i c_i: the valid tokens, or Σ w_{y_i} with class weights). It does
+not depend on the target, so label smoothing leaves it alone; sample weights multiply it with ℓ_i.
+Its gradient is d(z·(log Z)²)/dx_k = 2z·log Z·softmax(x)_k.
+
 -inf logits (probability 0) follow IEEE arithmetic as torch does: cross_entropy/nll are +inf where
 the target's own class is -inf (finite gradients), probability targets give NaN where a -inf class
 has q·w = 0 (0·(-inf)), and bce_with_logits is NaN at a -inf logit ((1−y)·x − log σ(x) is
@@ -170,9 +177,29 @@ def _kl_div(spec: LossSpec, x: np.ndarray, y: np.ndarray):
     return ell, np.ones(x.shape), lambda u: -p * u
 
 
+def _with_z_loss(spec: LossSpec, x: np.ndarray, ell: np.ndarray, c: np.ndarray, grad: GradFn):
+    """ℓ_i + z·c_i·(log Z_i)², with d/dx_k += z·c_i·2·log Z_i·softmax(x_i)_k (0 where c_i = 0)."""
+    cdim = class_dim(x)
+    z = np.moveaxis(x, cdim, -1)
+    top = z.max(axis=-1, keepdims=True)
+    log_z = top + np.log(np.exp(z - top).sum(axis=-1, keepdims=True))  # (..., 1)
+    p = np.exp(z - log_z)
+    log_z = log_z[..., 0]
+    live = c != 0
+    term = np.where(live, spec.z_loss * c * log_z**2, 0.0)
+    slope = np.where(live, 2 * spec.z_loss * c * log_z, 0.0)
+
+    def z_grad(u: np.ndarray) -> np.ndarray:
+        return grad(u) + np.moveaxis(p * (slope * u)[..., None], -1, cdim)
+
+    return ell + term, c, z_grad
+
+
 def elementwise(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None):
     """(ℓ, c, grad_fn) for the chosen loss; see the module docstring."""
     if spec.name == "cross_entropy":
+        if spec.z_loss:
+            return _with_z_loss(spec, x, *_cross_entropy(spec, x, y, w))
         return _cross_entropy(spec, x, y, w)
     if spec.name == "nll":
         return _nll(spec, x, y, w)
