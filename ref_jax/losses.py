@@ -6,7 +6,9 @@ sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for
 targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
 accumulation and multi-rank training normalize exactly once, from these sums and counts.
 Per-sample weights s multiply ℓ_i (sum = Σ m_i s_i ℓ_i) and leave the count alone; a mask selects
-(a masked element adds exactly 0, even where ℓ_i is NaN or inf).
+(a masked element adds exactly 0, even where ℓ_i is NaN or inf). cross_entropy's `z_loss` = z adds
+z·c_i·(log Z_i)² to ℓ_i (log Z_i the logsumexp of element i's logits): ignored elements add nothing
+and the z terms share the cross-entropy's count.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
         if name == "cross_entropy" and target.shape == x.shape:  # class probabilities
             q = optax.smooth_labels(_classes_last(target), spec.label_smoothing)
             ell = optax.losses.softmax_cross_entropy(z, q * wc)
+            if spec.z_loss:
+                ell = ell + spec.z_loss * jnp.square(jax.nn.logsumexp(z, axis=-1))
             return ell, jnp.ones_like(ell)
         valid = target != spec.ignore_index
         safe = jnp.where(valid, target, 0)  # optax would read -100 out of range (NaN) or wrap -1
@@ -62,6 +66,8 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
             if eps > 0:
                 smooth = -(jax.nn.log_softmax(z, axis=-1) * wc).sum(-1)
                 ell = ell + (eps / n_classes) * smooth
+            if spec.z_loss:  # z·c·(log Z)², c = w_y (1 unweighted); ignored elements: 0 below
+                ell = ell + jnp.where(wy != 0, spec.z_loss * wy * jnp.square(jax.nn.logsumexp(z, axis=-1)), 0)
             ell = jnp.where(valid, ell, 0)
         return ell, wy if weight is not None else valid.astype(z.dtype)
     y = target

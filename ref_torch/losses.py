@@ -6,7 +6,9 @@ sum = Σ m_i ℓ_i, count = Σ m_i c_i and mean = sum / count (c_i = w_{y_i} for
 targets, 0 for ignored ones; see conformance.oracle.losses for the equations). Gradient
 accumulation and multi-rank training normalize exactly once, from these sums and counts.
 Per-sample weights s multiply ℓ_i (sum = Σ m_i s_i ℓ_i) and leave the count alone; a mask selects
-(a masked element adds exactly 0, even where ℓ_i is NaN or inf).
+(a masked element adds exactly 0, even where ℓ_i is NaN or inf). cross_entropy's `z_loss` = z adds
+z·c_i·(log Z_i)² to ℓ_i (log Z_i the logsumexp of element i's logits): ignored elements add nothing
+and the z terms share the cross-entropy's count.
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = Non
         else:
             ell = F.nll_loss(prediction, target, weight=weight, ignore_index=spec.ignore_index, reduction="none")
         if not index:
-            return ell, None, None
+            return (_plus_z_loss(spec, prediction, ell, None) if spec.z_loss else ell), None, None
         valid = target != spec.ignore_index
         if weight is None:
-            return ell, None, valid
-        return ell, torch.where(valid, weight[torch.where(valid, target, 0)], 0).to(ell.dtype), None
+            return (_plus_z_loss(spec, prediction, ell, valid) if spec.z_loss else ell), None, valid
+        count_w = torch.where(valid, weight[torch.where(valid, target, 0)], 0).to(ell.dtype)
+        return (_plus_z_loss(spec, prediction, ell, count_w) if spec.z_loss else ell), count_w, None
     if name == "bce_with_logits":
         pos = None if spec.pos_weight is None else torch.tensor(spec.pos_weight, dtype=prediction.dtype,
                                                                 device=prediction.device)
@@ -80,12 +83,23 @@ def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = Non
     return ell, None, None
 
 
+def _plus_z_loss(spec: LossSpec, prediction: Any, ell: Any, count_w: Any) -> Any:
+    # ℓ + z·c·(log Z)², log Z over torch's class dim; c: None (1), a valid mask, or count weights
+    log_z = prediction.logsumexp(0 if prediction.ndim == 1 else 1)
+    term = spec.z_loss * log_z.square()
+    if count_w is None:
+        return ell + term
+    if count_w.dtype != torch.bool:
+        term = term * count_w
+    return ell + torch.where(count_w != 0, term, torch.zeros((), dtype=ell.dtype, device=ell.device))
+
+
 def _class_sum(spec: LossSpec, prediction: Any, target: Any, weight: Any) -> tuple[Any, Any] | None:
     # (sum, count) of cross_entropy / nll on (N, C) scores and (N,) class indices from one nll_loss
     # call: its total_weight is Σ c_i (c_i = w_{y_i}, 0 where ignored); the trainer's hot path, a
-    # few ops fewer per micro-batch than ℓ then two sums. Label smoothing takes the general path.
+    # few ops fewer per micro-batch than ℓ then two sums. Label smoothing and z-loss take the general path.
     if spec.name not in ("cross_entropy", "nll") or prediction.ndim != 2 or target.ndim != 1 \
-            or target.is_floating_point():
+            or target.is_floating_point() or spec.z_loss:
         return None
     if spec.name == "cross_entropy":
         if spec.label_smoothing:
