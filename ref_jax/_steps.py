@@ -104,7 +104,8 @@ class Steps:
 
     def save(self, updates_done: int, val_loss: float | None) -> Path | None:
         """Checkpoint the state after `updates_done` updates; collective (rank 0's path, else None)."""
-        return ts.save(self.run, self.place, self.state, self.key, updates_done, val_loss, self.plateau, self.average)
+        return ts.save_checkpoint(self.run, self.place, self.state, self.key, updates_done, val_loss, self.plateau,
+                                  self.average)
 
     def peak_memory_bytes(self) -> int:
         """The accelerator's peak bytes in use so far (the CPU: the process's peak RSS)."""

@@ -1,14 +1,21 @@
-"""The JAX trainer's state: built from a config, restored from and saved to neutral checkpoints.
+"""The trainer's run state and its checkpoint: restored from a checkpoint of either trainer, saved to
+one, and the final weights read out.
 
-A checkpoint written here is the one conformance.checkpoint defines for both trainers: parameters
-by neutral name in their own dtype (with a user's model, its non-parameter state beside them:
-ref_jax._model), the optimizer state under docs/contract.md §4's names
-(ref_jax.optimizers.export_state), the loss scale as scale_state_to_dict, counters and data
-position in the meta, and the JAX root key with the host generators under "rank0/"
-(conformance.checkpoint.rng.pack_rank_rng). Restoring reads exactly that, so a checkpoint of the torch
-trainer resumes here and back: what one framework does not know (torch's generator states, a
-JAX key) the other ignores; the dropout key is a pure function of run.seed and the update.
+A checkpoint holds what conformance.checkpoint defines for both trainers (docs/contract.md §5,
+reliability.md §3.4's checklist): the model's tensors by neutral name in their own dtype
+(parameters, frozen parameters and the model's own state, such as persistent buffers; the
+parameters at a schedule-free optimizer's evaluation point x, as its package documents), the
+weights' EMA ([ema]), the optimizer state in the neutral format (docs/contract.md §4's names;
+"step" goes to meta["optimizer_step"]), the schedule position (counters.schedule_t) and
+reduce_on_plateau's neutral state, the loss-scale state, the skip counters, every rank's
+generators as `rank<i>/...` (conformance.checkpoint.rng.pack_rank_rng) and the data position (the
+update count, checked against the data). What one framework does not know (torch's generator
+states, a JAX key) the other ignores, so a checkpoint of either trainer resumes in the other.
 """
+
+# The JAX trainer's state is one value: `build` makes the run's fixed pieces (Parts), and
+# `initial_state` the TrainState, fresh or from a checkpoint. The generators are the JAX root key
+# with the host generators; the dropout key is a pure function of run.seed and the update.
 
 from __future__ import annotations
 
@@ -212,19 +219,20 @@ def model_numpy(state: TrainState) -> dict[str, np.ndarray]:
     return {**params_numpy(state), **_model.to_tensors(model_state)}
 
 
-def versions(place: Placement) -> dict[str, Any]:
+def _versions(place: Placement) -> dict[str, Any]:
     """Library versions, PRNG/numerics flags and the devices of the mesh, for the manifest."""
     d = backend.describe()
     out = {k: str(d[k]) for k in ("jax", "optax", "flax", "threefry_partitionable", "default_matmul_precision")}
     return {**out, "jax_devices": ",".join(str(x) for x in place.devices)}
 
 
-def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: int,
-         val_loss: float | None, plateau_state: PlateauState | None = None,
-         ema: EmaState | None = None) -> Path | None:
+def save_checkpoint(run: Run, place: Placement, state: TrainState, key: Any, updates_done: int,
+                    val_loss: float | None, plateau_state: PlateauState | None = None,
+                    ema: EmaState | None = None) -> Path | None:
     """Write the checkpoint after `updates_done` updates (see the module docstring): the weights as
     they are between updates (a schedule-free optimizer's evaluation point x), reduce_on_plateau's
-    state in its neutral form when the run has one, and the EMA ([ema])."""
+    state in its neutral form when the run has one, and the EMA ([ema]). Collective: every rank
+    calls it (the generators are gathered); rank 0's path, else None."""
     config = run.config
     opt_state = jax.tree.map(host_array, state.update.opt_state) if place.processes > 1 else state.update.opt_state
     exported = export_state(opt_state)
@@ -238,8 +246,8 @@ def save(run: Run, place: Placement, state: TrainState, key: Any, updates_done: 
     if place.processes > 1:  # every process writes its rows of every tensor (the sharded layout)
         return records.save_sharded(run, updates_done, row_pieces(model, exported["state"], export_ema(ema),
                                                                   run.rank, run.world_size),
-                                    rng, meta, versions(place), gather_bytes, val_loss)
-    return records.save(run, updates_done, model, exported["state"], rng, meta, versions(place), val_loss,
+                                    rng, meta, _versions(place), gather_bytes, val_loss)
+    return records.save(run, updates_done, model, exported["state"], rng, meta, _versions(place), val_loss,
                         ema=export_ema(ema))
 
 

@@ -123,7 +123,7 @@ class Steps:
     def final_params(self) -> dict[str, Any]:
         """The training weights as NumPy arrays by neutral name, once the last update is done."""
         to_train_point(self.optimizer, self.params)  # the training weights (a schedule-free optimizer's y)
-        return _train_state.final_params(self.objs)
+        return _train_state.params_numpy(self.objs)
 
 
 def _prepare(config: Config, run: Run, window: Any, device: torch.device, dtype: torch.dtype,

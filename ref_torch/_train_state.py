@@ -1,15 +1,22 @@
-"""The torch trainer's checkpoint content: capture and restore every piece of a run's state.
+"""The trainer's run state and its checkpoint: restored from a checkpoint of either trainer, saved to
+one, and the final weights read out.
 
-Saved (docs/contract.md §5, reliability.md §3.4's checklist): the model's tensors by neutral name
-(parameters, frozen parameters and persistent buffers: ref_torch._model.Tensors; the parameters at a
-schedule-free optimizer's evaluation point x, as its package documents); the weights' EMA ([ema]);
-optimizer state in the
-neutral format (export_state: "step" goes to meta["optimizer_step"]); the schedule position
-(counters.schedule_t, the scheduler is rebuilt at it with build_scheduler(..., start=t); a
-reduce_on_plateau scheduler gets its neutral state back with restore_plateau); the
-loss-scale state; the skip counters (in the counters); every rank's RNG (torch CPU and CUDA,
-Python, NumPy) as `rank<i>/...`; the data position (the update count, checked against the data).
+A checkpoint holds what conformance.checkpoint defines for both trainers (docs/contract.md §5,
+reliability.md §3.4's checklist): the model's tensors by neutral name in their own dtype
+(parameters, frozen parameters and the model's own state, such as persistent buffers; the
+parameters at a schedule-free optimizer's evaluation point x, as its package documents), the
+weights' EMA ([ema]), the optimizer state in the neutral format (docs/contract.md §4's names;
+"step" goes to meta["optimizer_step"]), the schedule position (counters.schedule_t) and
+reduce_on_plateau's neutral state, the loss-scale state, the skip counters, every rank's
+generators as `rank<i>/...` (conformance.checkpoint.rng.pack_rank_rng) and the data position (the
+update count, checked against the data). What one framework does not know (torch's generator
+states, a JAX key) the other ignores, so a checkpoint of either trainer resumes in the other.
 """
+
+# The torch trainer's objects (Objects) are restored in place: `restore` fills them, the scheduler
+# is rebuilt at the schedule position with build_scheduler(..., start=t), and a reduce_on_plateau
+# scheduler gets its neutral state back with restore_plateau. The generators are torch CPU and
+# CUDA, Python and NumPy.
 
 from __future__ import annotations
 
@@ -56,11 +63,20 @@ class Objects(NamedTuple):
     ema: Any = None
 
 
+def params_numpy(objs: Objects) -> dict[str, np.ndarray]:
+    """The parameters as NumPy arrays in their own dtype, by neutral name."""
+    # trainable and frozen ones (a torch module keeps them apart); collective if FSDP shards them
+    return whole({**objs.tensors.params, **objs.tensors.frozen})
+
+
+
 def save_checkpoint(run: Run, updates_done: int, objs: Objects, device: torch.device,
                     val_loss: float | None = None, plateau: dict[str, Any] | None = None) -> Path | None:
-    """Save the state after `updates_done` updates (`plateau`: reduce_on_plateau's neutral state).
-    Collective: every rank calls it (RNG gather); rank 0 writes. A schedule-free optimizer's
-    parameters are at x between updates (the trainer's loop): saved as they are."""
+    """Write the checkpoint after `updates_done` updates (see the module docstring): the weights as
+    they are between updates (a schedule-free optimizer's evaluation point x), reduce_on_plateau's
+    state in its neutral form when the run has one, and the EMA ([ema]). Collective: every rank
+    calls it (the generators are gathered); rank 0's path, else None."""
+    # `plateau`: reduce_on_plateau's neutral state as JSON; the EMA is objs.ema
     to_eval_point(objs.optimizer, None)  # at x already (the optimizer remembers): nothing moves
     return _save(run, updates_done, objs, device, val_loss, plateau)
 
@@ -170,9 +186,3 @@ def restore_plateau(checkpoint: Checkpoint, scheduler: MetricPlateau) -> None:
     """Put the checkpoint's reduce_on_plateau state (conformance.rules.plateau) into the scheduler."""
     groups = len(scheduler.optimizer.param_groups)
     plateau_from_neutral(scheduler, plateau.from_meta(checkpoint.state.meta or {}, groups, str(checkpoint.path)))
-
-
-def final_params(objs: Objects) -> dict[str, np.ndarray]:
-    """The parameters (trainable and frozen) as NumPy arrays in their own dtype by neutral name
-    (TrainResult.params; collective if sharded)."""
-    return whole({**objs.tensors.params, **objs.tensors.frozen})

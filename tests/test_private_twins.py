@@ -41,8 +41,6 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = (
     ("_assembly", "no shared definition yet: torch assembles torch.optim objects, JAX one optax transform over "
                   "ref_jax._elementwise (its owners' file)"),
     ("_elementwise", "being edited by its owners in this checkout; aligned after their change lands"),
-    ("_train_state", "torch restores framework objects in place, JAX builds a pure TrainState; the jobs they share "
-                     "(the save, the final weights) have no shared names yet"),
 )
 
 # Every pair that was in NOT_YET_ALIGNED when this file was written: the list may lose entries only.
@@ -66,6 +64,13 @@ _COUNT = ("an optax schedule is a pure function of the update count; torch's sch
           "once per update that sets its optimizer's lrs")
 _PURE_PLATEAU = ("torch's ReduceLROnPlateau keeps its state in the scheduler object; a jitted JAX step takes and "
                  "returns it as a value")
+_IN_PLACE = ("the torch trainer's objects are built by ref_torch._steps and a checkpoint is restored into them in "
+             "place; JAX builds its state as one value, fresh or restored (build, initial_state)")
+_FSDP_TENSORS = "torch gathers whole tensors from FSDP shards and copies them back into the shards in place"
+_TABLES = ("a jitted JAX step reads the lr from a table of the schedule's values, which the host refills as "
+           "reduce_on_plateau moves; torch's scheduler sets each group's lr itself")
+_JAX_BUILT = ("JAX builds its state as one value, fresh or from a checkpoint, placed on the mesh; torch restores "
+              "into objects built fresh (restore)")
 _MESH = "one jax.sharding Mesh over the run's devices; a torch process has one device (ref_torch._runtime)"
 # (module, name) -> why the definition exists on that side only.
 FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
@@ -142,6 +147,30 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._schedules", "PlateauState"): _PURE_PLATEAU,
     ("ref_jax._schedules", "plateau_init"): _PURE_PLATEAU,
     ("ref_jax._schedules", "plateau_step"): _PURE_PLATEAU,
+    ("ref_torch._train_state", "Objects"): _IN_PLACE,
+    ("ref_torch._train_state", "restore"): _IN_PLACE,
+    ("ref_torch._train_state", "restore_plateau"): "into the scheduler object, in place; JAX's plateau_start returns "
+                                                   "the state, fresh or restored",
+    ("ref_torch._train_state", "whole"): _FSDP_TENSORS,
+    ("ref_torch._train_state", "load_tensors"): _FSDP_TENSORS,
+    ("ref_torch._train_state", "capture_rng"): "this rank's torch generators, its own CUDA device only; JAX captures "
+                                               "its key with ref_jax.checkpoint.capture_rng",
+    ("ref_jax._train_state", "Parts"): _JAX_BUILT,
+    ("ref_jax._train_state", "build"): _JAX_BUILT,
+    ("ref_jax._train_state", "initial_state"): _JAX_BUILT,
+    ("ref_jax._train_state", "initial_ema"): _JAX_BUILT,
+    ("ref_jax._train_state", "schedule_tables"): _TABLES,
+    ("ref_jax._train_state", "plateau_tables"): _TABLES,
+    ("ref_jax._train_state", "plateau_start"): _PURE_PLATEAU,
+    ("ref_jax._train_state", "plateau_observe"): _PURE_PLATEAU,
+    ("ref_jax._train_state", "at_point"): "a TrainState with a schedule-free optimizer's parameters at x or y, as a "
+                                          "new value; torch's optimizer moves its parameters in place "
+                                          "(ref_torch.optimizers.to_eval_point / to_train_point)",
+    ("ref_jax._train_state", "model_numpy"): "a checkpoint's model tensors read from a TrainState (parameters and an "
+                                             "NNX model's state, keys as key data); torch reads its module's "
+                                             "tensors (whole)",
+    ("ref_jax._train_state", "row_pieces"): "each JAX process writes its rows of replicated whole arrays; torch "
+                                            "ranks write their FSDP shards (ref_torch._shards.local_pieces)",
     ("ref_jax._update", "finish_update"): "the host half of JAX's update: the non-finite policy a jitted step cannot "
                                           "raise (torch: apply_update)",
 }
@@ -163,6 +192,11 @@ OWN_SIGNATURES: dict[tuple[str, str], str] = {
     ("_schedules", "plateau_neutral"): "torch reads the scheduler object and its optimizer; JAX a PlateauState",
     ("_schedules", "plateau_from_neutral"): "torch puts the state into the scheduler object and its optimizer in "
                                             "place; JAX returns a new PlateauState",
+    ("_train_state", "save_checkpoint"): "torch reads its objects and the rank's device (the generators are "
+                                         "gathered there); JAX takes the TrainState, its key, the mesh placement, "
+                                         "the plateau and EMA states as values",
+    ("_train_state", "params_numpy"): "torch reads its objects' tensors (collective where FSDP shards them); JAX a "
+                                      "TrainState",
     ("_clip_transforms", "scale_by_norm"): "torch scales a list of tensors in place with one foreach kernel; "
                                            "JAX returns one new array, mapped over a pytree by optax transforms",
     ("_clip_transforms", "clip_with_norm"): "torch clips in place and reduces the norms of FSDP shards over ranks "
