@@ -120,7 +120,8 @@ def make_update_step(
         grads, out = accumulate_gradients(specs.accumulation, loss_fn, state.params, window, counts,
                                           scale_loss=scaler, model_state=state.model_state)
         if prec.dynamic_scaling:
-            grads, grads_ok = unscale_grads(state.scale, grads)  # before clipping
+            # before clipping: the clip threshold is in the gradients' true scale
+            grads, grads_ok = unscale_grads(state.scale, grads)
         else:
             grads_ok = grads_finite(grads)
         loss_ok = jnp.all(jnp.isfinite(out.loss))

@@ -3,7 +3,8 @@
 The rules are conformance.config.clip's: eps > 0 is torch's clip_grad_norm_ (always multiply by
 min(c / (n + eps), 1)); eps = 0 is optax.clip_by_global_norm (unchanged when n < c, else g / n · c).
 The total norm is the norm of the per-parameter norms (torch.nn.utils.get_total_norm) and is what
-trainers log as `grad_norm`. Clip after unscaling (precision.unscale_grads), as the seeds order it.
+trainers log as `grad_norm`. Clip after unscaling (precision.unscale_grads): the threshold is in
+the gradients' true scale.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The built-in models as framework modules (torch.nn; Flax NNX): linear, mlp (the seeds'
-classifier) and gpt (nanoGPT).
+"""The built-in models as framework modules (torch.nn; Flax NNX): linear, mlp (a classifier
+with hidden layers) and gpt (nanoGPT).
 
 Parameter names, layouts and initial values are the framework-neutral ones of conformance.rules.models
 (docs/models.md): weights are stored [out, in] as torch's (y = x @ W.T + b), so a parameter dict

@@ -32,8 +32,9 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed 000's seed_everything: Python, NumPy's global and torch's (CPU and every CUDA device)
-    generators. The data pipeline does not use them; dropout and user code do."""
+    """Python's, NumPy's global and torch's (CPU and every CUDA device) generators seeded, so that
+    what draws from them repeats from run to run. The data pipeline does not use them; dropout and
+    user code do."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     # torch.manual_seed's CPU and CUDA halves: without CUDA it would queue a lazy CUDA call (and

@@ -91,7 +91,7 @@ def apply_update(
     grads = ranks.local_grads(grads) if ranks else grads
     p = specs.clip.norm_type
     if scaling:
-        grads, grads_ok = scaler.unscale(grads)  # unscale before clipping (seed 000's order)
+        grads, grads_ok = scaler.unscale(grads)  # before clipping: the clip threshold is in the gradients' true scale
     norm = total_norm(grads, p)
     if sharded:
         norm = ranks.reduce_norm(norm, p)

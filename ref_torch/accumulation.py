@@ -1,7 +1,7 @@
 """Gradient accumulation over a window of micro-batches, normalized once from sums and counts.
 
 normalize = "micro_batches": each micro-batch backpropagates value_j / n, n the window's real size
-(an incomplete last window is divided by its own count, seed 000's remainder correction);
+(an incomplete last window is divided by its own count, so its gradient is its micro-batches' mean);
 normalize = "tokens": each backpropagates sum_j / N with N = Σ_j count_j known before the first
 forward pass, so the window's gradient is the full-batch gradient (the 2024 accumulation fix).
 See conformance.config.accumulation. The `accumulate` case model is linear: x @ w + b.

@@ -1,6 +1,7 @@
 """Mixed precision: dtype policy, matmul precision, dynamic loss scaling, the non-finite policy.
 
-The update-level order (seed 000's loop; docs/contract.md §2):
+The update-level order (docs/contract.md §2): unscaled before clipping, because the clip threshold
+is in the gradients' true scale, and checked before the step, so a non-finite update changes nothing:
 
     scale_loss → backward (accumulation) → unscale_grads (finite check) → clip → optimizer step,
     or skip (parameters and optimizer state untouched) → update_scale → schedule step or hold
