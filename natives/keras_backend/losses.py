@@ -22,7 +22,7 @@ import numpy as np
 
 from conformance.config import LossSpec
 from conformance.rules.inputs import check_loss_inputs
-from natives._protocol import refuse
+from natives._protocol import refuse, require
 from natives.keras_backend.backend import dtype_of, load, to_numpy
 
 REDUCTIONS = {"mean": "sum_over_batch_size", "batchmean": "sum_over_batch_size", "sum": "sum", "none": None}
@@ -35,6 +35,7 @@ def loss_object(spec: LossSpec, index: bool, dtype: str, class_weights: bool = F
     red = REDUCTIONS[spec.reduction]
     if spec.name in ("nll", "smooth_l1"):
         raise refuse(f"loss.name = {spec.name!r}", "keras.losses has no such loss")
+    require(spec, "loss", "z_loss", (0.0,), "keras.losses.(Sparse)CategoricalCrossentropy")
     if spec.name == "mse":
         return L.MeanSquaredError(reduction=red, dtype=dtype), red
     if spec.name == "l1":

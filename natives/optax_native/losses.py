@@ -22,7 +22,7 @@ import optax
 
 from conformance.config import LossSpec
 from conformance.rules.inputs import check_loss_inputs
-from natives._protocol import refuse
+from natives._protocol import refuse, require
 from natives.optax_native.backend import dtype_of, to_numpy
 
 INDEX_TARGETS = ("cross_entropy", "nll")
@@ -36,6 +36,7 @@ def supported(spec: LossSpec) -> None:
         raise refuse("loss.pos_weight", "optax.losses.sigmoid_binary_cross_entropy has no pos_weight")
     if spec.name == "kl_div" and spec.reduction == "none":
         raise refuse("loss.reduction = 'none' for kl_div", "optax.losses.kl_divergence sums the class axis")
+    require(spec, "loss", "z_loss", (0.0,), "optax.losses.softmax_cross_entropy")
 
 
 def elementwise(spec: LossSpec, x: jax.Array, t: jax.Array, w: jax.Array | None) -> tuple[jax.Array, jax.Array]:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from conformance.config import LossSpec
 from conformance.rules.inputs import check_loss_inputs
-from natives._protocol import refuse
+from natives._protocol import refuse, require
 from natives.torch_native.backend import dtype_of, to_numpy
 
 INDEX_TARGETS = ("cross_entropy", "nll")
@@ -41,6 +41,7 @@ def functional(spec: LossSpec, x: torch.Tensor, target: torch.Tensor, weight: to
     if name == "smooth_l1":
         return F.smooth_l1_loss(x, target, reduction=reduction, beta=spec.beta)
     if name == "cross_entropy":
+        require(spec, "loss", "z_loss", (0.0,), "torch.nn.functional.cross_entropy")
         return F.cross_entropy(x, target, weight=weight, ignore_index=spec.ignore_index, reduction=reduction,
                                label_smoothing=spec.label_smoothing)
     if name == "nll":
