@@ -16,7 +16,7 @@ gradient from torch.autograd:
   logsumexp of the logits, then summed over non-padding tokens and divided by their count.
 
 Where the peers define nothing, the cases reduce torch's per-element values by hand with twinstep's
-documented rule (docs/training.md, "z-loss"): each element's z term is weighted by its count weight
+documented rule (docs/contract.md §3, `z_loss`): each element's z term is weighted by its count weight
 (1; 0 where ignored; torch's class weight w_y of its target with class weights), a mask selects, a
 per-sample weight multiplies the element's whole loss, and the mean divides by the cross-entropy's
 own count. reduction = "none" keeps ignored elements at 0 (OLMo-core's "none" returns the z term of
@@ -39,7 +39,7 @@ OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "loss" 
 TORCH = f"torch {torch.__version__.split('+')[0]}"
 OLMO = "OLMo-core's cross_entropy_loss z-loss (olmo_core/nn/functional/cross_entropy_loss.py @ 011113e)"
 MAXTEXT = "MaxText's max_utils.cross_entropy_with_logits (z_loss·square(log_z) per token, mean over tokens)"
-RULE = "reduced by hand with twinstep's documented z-loss rule (docs/training.md)"
+RULE = "reduced by hand with twinstep's documented z-loss rule (docs/contract.md §3)"
 T = torch.tensor
 
 

@@ -79,7 +79,7 @@ class LossSpec(Section):
     `z_loss` = c (cross_entropy only; 0 = off) is PaLM's auxiliary term: each element's loss gains
     c·c_i·(log Z_i)², log Z_i the logsumexp of its logits and c_i its count weight (1; 0 where
     ignored; w_{y_i} with class weights), so the mean is MaxText's / OLMo's z-loss mean
-    (docs/contract.md, "z-loss")."""
+    (docs/contract.md §3, `z_loss`)."""
 
     name: LossName = "cross_entropy"
     reduction: Literal["mean", "sum", "none", "batchmean"] = "mean"
