@@ -1,21 +1,24 @@
-"""The JAX optimizer: per-parameter states and per-group hyper-parameters over a {name: array} dict.
-
-`make(spec, params)` returns an `optax.GradientTransformationExtraArgs`. Its state is an
-`OptimizerState` NamedTuple:
-
-- `plan` (static pytree node, no leaves): parameter names, their groups and each group's static
-  configuration, so that a state can be exported, imported and jitted on its own;
-- `hyperparams`: one dict per parameter group of the float hyper-parameters torch lets you change
-  between steps (`lr`, `momentum`, `betas`, `eps`, ...), as arrays: changing them (schedules,
-  OneCycle's momentum) never recompiles;
-- `leaves`: one state per parameter (ref_jax._elementwise), with its own update count, as torch keeps.
-
-This is optax.multi_transform with one label per parameter and hyper-parameters shared per group
-(injected, as optax.inject_hyperparams does), written out so that a parameter without a gradient
-(`present[name]` False) keeps its state and count, as torch does for `p.grad is None`.
-Zero-size parameters are not given to the optimizer (they have nothing to update, and torch's
-Adafactor divides by their size).
+"""How an optimizer spec becomes the framework's optimizer: each parameter group
+(conformance.rules.groups.resolve_groups, in that order) in the form the framework's optimizer
+takes it (`group_options`), and one optimizer over all the groups (`make`). Zero-size parameters are
+not given to the optimizer: they have nothing to update, and torch's Adafactor divides by their size.
 """
+
+# JAX: one optax transform with per-parameter states and per-group hyper-parameters over a {name: array} dict.
+#
+# `make(spec, params)` returns an `optax.GradientTransformationExtraArgs`. Its state is an
+# `OptimizerState` NamedTuple:
+#
+# - `plan` (static pytree node, no leaves): parameter names, their groups and each group's static
+#   configuration, so that a state can be exported, imported and jitted on its own;
+# - `hyperparams`: one dict per parameter group of the float hyper-parameters torch lets you change
+#   between steps (`lr`, `momentum`, `betas`, `eps`, ...), as arrays: changing them (schedules,
+#   OneCycle's momentum) never recompiles;
+# - `leaves`: one state per parameter (ref_jax._elementwise), with its own update count, as torch keeps.
+#
+# This is optax.multi_transform with one label per parameter and hyper-parameters shared per group
+# (injected, as optax.inject_hyperparams does), written out so that a parameter without a gradient
+# (`present[name]` False) keeps its state and count, as torch does for `p.grad is None`.
 
 from __future__ import annotations
 
@@ -57,8 +60,10 @@ class OptimizerState(NamedTuple):
     leaves: dict[str, Any]
 
 
-def split(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(dynamic, static) hyper-parameters of a group, plus the derived static options."""
+def group_options(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A parameter group's hyper-parameters in the form the framework's optimizer takes them (torch:
+    the constructor's keyword arguments, twinstep's extra fields kept for its own classes; JAX:
+    (dynamic, static), the settable floats and the static options with those derived from them)."""
     hp = dict(group.hyperparams)
     name = group.optimizer
     dynamic = {k: v for k, v in hp.items() if k in DYNAMIC and not (name == "adafactor" and k == "eps")}
@@ -84,12 +89,14 @@ def _array(value: Any, like: Any = None) -> Any:
 
 
 def make(spec: OptimizerSpec, params: Mapping[str, Any]) -> tuple[optax.GradientTransformationExtraArgs, Plan]:
-    """The optimizer for `params` ({name: array}) and its static plan."""
+    """The optimizer of `spec` over the named parameters (torch: a torch.optim.Optimizer whose
+    param_groups carry `param_names`, `impl` choosing its kernels: "auto", "default", "single",
+    "foreach" or "fused"; JAX: the optax transform over a {name: array} dict and its static Plan)."""
     shapes = {k: tuple(jnp.shape(v)) for k, v in params.items()}
     groups = resolve_groups(spec, shapes)
     index = {n: i for i, g in enumerate(groups) for n in g.names}
     names = tuple(n for n in params if n in index and int(jnp.size(params[n])) > 0)
-    parts = [split(g) for g in groups]
+    parts = [group_options(g) for g in groups]
     plan = Plan(
         names=names,
         group_index=tuple(index[n] for n in names),

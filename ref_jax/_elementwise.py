@@ -1,19 +1,24 @@
-"""Per-parameter optimizer math for ref_jax: torch.optim's update written with jnp, one leaf at a time.
-
-Each optimizer is a pair `init(p, cfg) -> State` and `update(g, s, p, hp, cfg) -> (new_p, State)`
-(or `(Delta(u), State)` where torch's kernel ends with one add, p + u),
-where `hp` holds the dynamic hyper-parameters (arrays, settable every update: lr, betas, ...) and
-`cfg` the static ones. The operation order follows torch's single-tensor kernels (lerp, addcmul,
-addcdiv; scalar coefficients such as bias corrections computed in the hyper-parameter dtype, i.e.
-float64 under x64, as torch computes them in Python floats), so float64 results agree with
-torch.optim to a few ulps. States are NamedTuples whose field names are the neutral names of
-docs/contract.md §4 (conformance.rules.state.state_shapes); fields that are None do not exist for that
-parameter. Half-precision parameters are updated in float32 and rounded once per update.
-
-Why not optax's scale_by_* directly: they keep one count per transform (torch keeps one per
-parameter, and a parameter without a gradient keeps its own), and they compute in the dtype of
-the hyper-parameters they are given; the conformance tests show where each one equals these.
+"""Per-parameter optimizer math written out where the framework's optimizer library has none or
+computes it differently, in the operation order of torch.optim's kernels and in its vocabulary (the
+equations: conformance/oracle/optimizers.py). Each parameter keeps its own update count, and one
+without a gradient in an update keeps its state, as torch.optim does.
 """
+
+# JAX: every optimizer's update written with jnp, one leaf (parameter) at a time.
+#
+# Each optimizer is a pair `init(p, cfg) -> State` and `update(g, s, p, hp, cfg) -> (new_p, State)`
+# (or `(Delta(u), State)` where torch's kernel ends with one add, p + u),
+# where `hp` holds the dynamic hyper-parameters (arrays, settable every update: lr, betas, ...) and
+# `cfg` the static ones. The operation order follows torch's single-tensor kernels (lerp, addcmul,
+# addcdiv; scalar coefficients such as bias corrections computed in the hyper-parameter dtype, i.e.
+# float64 under x64, as torch computes them in Python floats), so float64 results agree with
+# torch.optim to a few ulps. States are NamedTuples whose field names are the neutral names of
+# docs/contract.md §4 (conformance.rules.state.state_shapes); fields that are None do not exist for that
+# parameter. Half-precision parameters are updated in float32 and rounded once per update.
+#
+# Why not optax's scale_by_* directly: they keep one count per transform (torch keeps one per
+# parameter, and a parameter without a gradient keeps its own), and they compute in the dtype of
+# the hyper-parameters they are given; the conformance tests show where each one equals these.
 
 from __future__ import annotations
 

@@ -1,15 +1,22 @@
-"""How ref_torch turns twinstep's parameter groups into torch.optim objects, and torch's state
-names into the neutral ones (docs/contract.md §4)."""
+"""How an optimizer spec becomes the framework's optimizer: each parameter group
+(conformance.rules.groups.resolve_groups, in that order) in the form the framework's optimizer
+takes it (`group_options`), and one optimizer over all the groups (`make`). Zero-size parameters are
+not given to the optimizer: they have nothing to update, and torch's Adafactor divides by their size.
+"""
+
+# torch: torch.optim objects (the built-in class, with foreach/fused kernels, or ref_torch._elementwise's
+# where torch.optim has none), and torch's state names mapped to the neutral ones (docs/contract.md §4).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
-from conformance.rules.groups import ParamGroup
+from conformance.config.optimizer import OptimizerSpec
+from conformance.rules.groups import ParamGroup, resolve_groups
 from ref_torch import _elementwise, _muon, _schedule_free
 
 # torch state key -> neutral name, per optimizer
@@ -43,8 +50,10 @@ def neutral_names(optimizer: str, group: dict[str, Any]) -> dict[str, str]:
     return names
 
 
-def torch_kwargs(group: ParamGroup) -> dict[str, Any]:
-    """The torch constructor arguments of a group (twinstep's extra fields kept for our classes)."""
+def group_options(group: ParamGroup) -> Any:
+    """A parameter group's hyper-parameters in the form the framework's optimizer takes them (torch:
+    the constructor's keyword arguments, twinstep's extra fields kept for its own classes; JAX:
+    (dynamic, static), the settable floats and the static options with those derived from them)."""
     hp = dict(group.hyperparams)
     name = group.optimizer
     if name == "nadam":
@@ -158,3 +167,40 @@ def _count_steps(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 if "step" not in state:
                     state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
                 state["step"] += 1
+
+
+def make(spec: OptimizerSpec, named_params: Any, impl: str = "auto") -> torch.optim.Optimizer:
+    """The optimizer of `spec` over the named parameters (torch: a torch.optim.Optimizer whose
+    param_groups carry `param_names`, `impl` choosing its kernels: "auto", "default", "single",
+    "foreach" or "fused"; JAX: the optax transform over a {name: array} dict and its static Plan)."""
+    named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
+    groups = resolve_groups(spec, {k: tuple(v.shape) for k, v in named.items()})
+    dicts = []
+    for g in groups:
+        kept = [n for n in g.names if named[n].numel() > 0]
+        d = {"params": [named[n] for n in kept], "param_names": kept, **group_options(g),
+             "label": g.label, "optimizer_name": g.optimizer}
+        if spec.name == "muon":
+            d["use_muon"] = not g.fallback
+        dicts.append(d)
+    if spec.name != "muon":
+        opt = make_single(spec.name, dicts, impl)
+    else:
+        fb = spec.fallback.name  # type: ignore[union-attr]
+        opt = _muon.MuonWithFallback(dicts, lambda gs: make_single("muon", gs, impl),
+                                     lambda gs: make_single(fb, gs, impl))
+    # torch.optim.Adagrad fills every accumulator with the constructor's initial_accumulator_value
+    # and ignores a group's own; twinstep honours the group's
+    for group in opt.param_groups:
+        if group["optimizer_name"] == "adagrad":
+            for p in group["params"]:
+                opt.state[p] = fresh_adagrad(p, group)
+    return opt
+
+
+def fresh_adagrad(p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Adagrad's state before the first update of `p`, from its own group's initial_accumulator_value."""
+    fused = bool(group.get("fused"))
+    step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device if fused else None)
+    return {"step": step, "sum": torch.full_like(p, group["initial_accumulator_value"],
+                                                 memory_format=torch.preserve_format)}

@@ -1,18 +1,22 @@
-"""Per-parameter optimizer math for ref_torch (the twin of ref_jax._elementwise) where torch.optim
-has none: twinstep's own torch.optim.Optimizer classes Lion, AdamVariants (optax's eps_root and
-AMSGrad variants, Keras's eps_hat), RMSpropEpsInSqrt and AdagradEpsInSqrt (optax's eps inside the
-square root), AdamaxEpsHat and NAdamEpsHat (Keras's eps placement), and the built-ins SGD,
-RMSprop, Adagrad and Adamax with decoupled weight decay (`Decoupled*`: torch.optim.AdamW's
-p ← p·(1 − lr·wd) before the built-in's own step). Every other optimizer is torch.optim's own class
-(ref_torch._assembly builds them all).
-
-Each is a thin Optimizer object over a functional core (`_update(group, params, grads, states)`)
-written with torch._foreach_* kernels (one launch per op for a whole group on CUDA; per-tensor
-loops on the CPU), in torch.optim's vocabulary: param_groups carry the hyper-parameters, `state[p]`
-the tensors (torch's names: exp_avg, exp_avg_sq, max_exp_avg_sq, square_avg, grad_avg,
-momentum_buffer, sum) and a float `step` tensor like the built-ins. Parameters whose `grad` is None
-are skipped (state untouched). The equations are those of conformance/oracle/optimizers.py.
+"""Per-parameter optimizer math written out where the framework's optimizer library has none or
+computes it differently, in the operation order of torch.optim's kernels and in its vocabulary (the
+equations: conformance/oracle/optimizers.py). Each parameter keeps its own update count, and one
+without a gradient in an update keeps its state, as torch.optim does.
 """
+
+# torch: where torch.optim has none, twinstep's own torch.optim.Optimizer classes Lion, AdamVariants (optax's eps_root and
+# AMSGrad variants, Keras's eps_hat), RMSpropEpsInSqrt and AdagradEpsInSqrt (optax's eps inside the
+# square root), AdamaxEpsHat and NAdamEpsHat (Keras's eps placement), and the built-ins SGD,
+# RMSprop, Adagrad and Adamax with decoupled weight decay (`Decoupled*`: torch.optim.AdamW's
+# p ← p·(1 − lr·wd) before the built-in's own step). Every other optimizer is torch.optim's own class
+# (ref_torch._assembly builds them all).
+#
+# Each is a thin Optimizer object over a functional core (`_update(group, params, grads, states)`)
+# written with torch._foreach_* kernels (one launch per op for a whole group on CUDA; per-tensor
+# loops on the CPU), in torch.optim's vocabulary: param_groups carry the hyper-parameters, `state[p]`
+# the tensors (torch's names: exp_avg, exp_avg_sq, max_exp_avg_sq, square_avg, grad_avg,
+# momentum_buffer, sum) and a float `step` tensor like the built-ins. Parameters whose `grad` is None
+# are skipped (state untouched).
 
 from __future__ import annotations
 

@@ -32,10 +32,10 @@ from conformance.config.ema import EmaSpec
 from conformance.config.optimizer import OptimizerSpec
 from conformance.errors import ConfigError, InputError
 from conformance.rules.ema import ema_due
-from conformance.rules.groups import ParamGroup, resolve_groups
+from conformance.rules.groups import ParamGroup
 from conformance.rules.state import check_state
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
-from ref_torch import _assembly, _muon, _schedule_free
+from ref_torch import _assembly, _schedule_free
 from ref_torch.backend import framework_dtype, to_numpy
 from ref_torch.ema import export_ema, init_ema, update_ema
 
@@ -54,45 +54,7 @@ def build_optimizer(spec: OptimizerSpec, named_params: Any) -> Any:
     dict, `update(grads, state, params, present=None)`, where present[name] = False marks a
     parameter without a gradient in this update (not updated, state untouched, as torch does for
     `grad is None`). Zero-size parameters are left out of the optimizer on both sides."""
-    return _build_optimizer(spec, named_params)
-
-
-def _build_optimizer(spec: OptimizerSpec, named_params: Any, impl: str = "auto") -> torch.optim.Optimizer:
-    # impl: "auto" | "default" | "single" | "foreach" | "fused" (tests compare the kernels)
-    named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
-    groups = resolve_groups(spec, {k: tuple(v.shape) for k, v in named.items()})
-    dicts = []
-    for g in groups:
-        kept = [n for n in g.names if named[n].numel() > 0]
-        d = {"params": [named[n] for n in kept], "param_names": kept, **_assembly.torch_kwargs(g),
-             "label": g.label, "optimizer_name": g.optimizer}
-        if spec.name == "muon":
-            d["use_muon"] = not g.fallback
-        dicts.append(d)
-    if spec.name != "muon":
-        opt = _assembly.make_single(spec.name, dicts, impl)
-    else:
-        fb = spec.fallback.name  # type: ignore[union-attr]
-        opt = _muon.MuonWithFallback(
-            dicts, lambda gs: _assembly.make_single("muon", gs, impl), lambda gs: _assembly.make_single(fb, gs, impl))
-    _reset_adagrad(opt)
-    return opt
-
-
-def _reset_adagrad(opt: torch.optim.Optimizer) -> None:
-    # torch.optim.Adagrad fills every accumulator with the constructor's initial_accumulator_value
-    # and ignores a group's own; twinstep honours the group's
-    for group in opt.param_groups:
-        if group["optimizer_name"] == "adagrad":
-            for p in group["params"]:
-                opt.state[p] = _fresh_adagrad(p, group)
-
-
-def _fresh_adagrad(p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
-    fused = bool(group.get("fused"))
-    step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device if fused else None)
-    return {"step": step, "sum": torch.full_like(p, group["initial_accumulator_value"],
-                                                 memory_format=torch.preserve_format)}
+    return _assembly.make(spec, named_params)
 
 
 def _public(group: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +159,7 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
         for name, p in zip(group["param_names"], group["params"]):
             state.state.pop(p, None)
             if opt == "adagrad":
-                state.state[p] = _fresh_adagrad(p, group)
+                state.state[p] = _assembly.fresh_adagrad(p, group)
             if name not in entries:
                 continue
             fused, capturable = bool(group.get("fused")), bool(group.get("capturable"))

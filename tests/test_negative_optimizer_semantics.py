@@ -125,13 +125,13 @@ def test_jax_decoupled_decay_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     case = CASES["optimizer/torch-rmsprop-decoupled"]
     assert run_case(case, Backend("jax")).passed
-    real = _assembly.split
+    real = _assembly.group_options
 
     def coupled(group):
         dynamic, static = real(group)
         return dynamic, {**static, "decoupled": group.optimizer == "adamw"}
 
-    monkeypatch.setattr(_assembly, "split", coupled)
+    monkeypatch.setattr(_assembly, "group_options", coupled)
     jax.clear_caches()
     try:
         assert not run_case(case, Backend("jax")).passed

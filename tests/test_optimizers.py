@@ -25,6 +25,7 @@ from conformance.errors import ConfigError, InputError
 from conformance.oracle import optimizers as oracle
 from conformance.rules.groups import group_layout, resolve_groups
 from ref_jax import optimizers as jo
+from ref_torch import _assembly
 from ref_torch import optimizers as to
 
 TORCH_CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
@@ -185,7 +186,7 @@ def test_torch_kernels_agree(name: str, impl: str) -> None:
     w0 = torch.tensor(rng.standard_normal((3, 4)))
     for kernel in ("single", impl):
         named = {"w": torch.nn.Parameter(w0.clone())}
-        opt = to._build_optimizer(spec, named.items(), impl=kernel)
+        opt = _assembly.make(spec, named.items(), impl=kernel)
         for g in np.random.default_rng(1).standard_normal((5, 3, 4)):
             named["w"].grad = torch.tensor(g)
             opt.step()
