@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from collections.abc import Callable
 
 
@@ -23,3 +24,13 @@ def trim() -> None:
     fn = _malloc_trim()
     if fn is not None:
         fn(0)
+
+
+def resident_mib() -> float | None:
+    """This process's resident set size now, in MiB (Linux's /proc/self/statm); None where unreadable."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20

@@ -87,7 +87,8 @@ def test_releasing_jax_programs_after_every_case_changes_no_result(monkeypatch) 
     kept = [r.to_json() for r in runner.run_cases(cases, jax)]
     released = []
     monkeypatch.setattr(Backend, "release", lambda self: released.append(self.name) or _release(self))
-    monkeypatch.setattr(runner, "RELEASE_EVERY", 1)
+    monkeypatch.setattr(runner, "RELEASE_ABOVE_MIB", 0)  # release after every case
+    monkeypatch.setattr(runner, "RELEASE_GROWTH_MIB", -1e9)
     again = [r.to_json() for r in runner.run_cases(cases, jax)]
     assert len(released) == len(cases)  # the negative control: the release really ran each time
     assert again == kept
@@ -97,3 +98,32 @@ def _release(backend: Backend) -> None:
     from ref_jax.backend import release
 
     release()
+
+
+def _counting_releases(monkeypatch: pytest.MonkeyPatch, resident: list[float | None]) -> tuple[runner.Releases, list]:
+    readings = iter(resident)
+    monkeypatch.setattr(runner.heap, "resident_mib", lambda: next(readings))
+    released: list[str] = []
+    monkeypatch.setattr(Backend, "release", lambda self: released.append(self.name))
+    return runner.Releases([Backend("oracle"), Backend("torch")]), released
+
+
+def test_releases_follow_the_memory_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the budget nothing is released; over it every backend of the process releases once,
+    and not again until the process has grown RELEASE_GROWTH_MIB past what the release left."""
+    above, growth = runner.RELEASE_ABOVE_MIB, runner.RELEASE_GROWTH_MIB
+    # after each case: one reading, plus one after each release
+    kept = above - 100.0  # what a release leaves (e.g. the framework itself)
+    readings = [above - 1, above + 1, kept, above + 1, kept + growth + 1, kept]
+    releases, released = _counting_releases(monkeypatch, readings)
+    for _ in range(4):
+        releases.case_done()
+    assert released == ["oracle", "torch", "oracle", "torch"]
+
+
+def test_releases_count_cases_where_memory_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = runner.RELEASE_EVERY
+    releases, released = _counting_releases(monkeypatch, [None] * (2 * n + 2))
+    for _ in range(2 * n - 1):
+        releases.case_done()
+    assert released == ["oracle", "torch"]  # after case n only (negative control: not after every case)

@@ -107,7 +107,8 @@ class Backend:
 
     def release(self) -> None:
         """Drop what the backend keeps between cases (`backend.release()`, e.g. JAX's compiled
-        programs); nothing without one. The harness calls it every RELEASE_EVERY cases."""
+        programs); nothing without one. The harness calls it when a process's memory has grown
+        (conformance.harness.runner.Releases)."""
         try:
             fn = getattr(self.module("backend"), "release", None)
         except MissingFunction:

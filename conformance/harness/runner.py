@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from conformance import heap
 from conformance.errors import TwinstepError, UnsupportedError
 from conformance.harness.backends import Backend, MissingFunction
 from conformance.harness.case import BACKENDS, BrokenCase, Case, kind_module
@@ -105,21 +106,45 @@ def runs_on(case: Case, backend: Backend) -> bool:
     return backend.name in case.backends or backend.name not in BACKENDS
 
 
-# cases per backend between two releases: JAX keeps ~1.4 MB per compiled program and the suite
-# compiles ~1,200 (2.2 GB); neighbouring cases share programs, so a release costs little if rare
+# JAX keeps ~1.4 MB per compiled program and the suite compiles ~1,300 (2.3 GB). A release recompiles
+# what later cases share, so rarer is faster: once the process holds more than RELEASE_ABOVE_MIB and
+# has grown RELEASE_GROWTH_MIB since the last release (or, where its resident size cannot be read,
+# every RELEASE_EVERY cases), every backend in it releases what it keeps.
+RELEASE_ABOVE_MIB = 800
+RELEASE_GROWTH_MIB = 320
 RELEASE_EVERY = 40
+
+
+class Releases:
+    """When the backends of this process release what they keep between cases (backend.release())."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self.backends = list(backends)
+        self.ran = 0
+        self.after_last: float = 0.0  # resident MiB after the last release
+
+    def case_done(self) -> None:
+        """Count one case run; release if the memory (or the count) says so."""
+        self.ran += 1
+        resident = heap.resident_mib()
+        if resident is None:
+            due = self.ran % RELEASE_EVERY == 0
+        else:
+            due = resident > max(RELEASE_ABOVE_MIB, self.after_last + RELEASE_GROWTH_MIB)
+        if due:
+            for backend in self.backends:
+                backend.release()
+            self.after_last = heap.resident_mib() or 0.0
 
 
 def run_cases(cases: Sequence[Case], backends: Sequence[Backend]) -> list[Result]:
     out: list[Result] = []
-    ran = dict.fromkeys(range(len(backends)), 0)
+    releases = Releases(backends)
     for case in cases:
-        for k, backend in enumerate(backends):
+        for backend in backends:
             if runs_on(case, backend):
                 out.append(run_case(case, backend))
-                ran[k] += 1
-                if ran[k] % RELEASE_EVERY == 0:
-                    backend.release()
+                releases.case_done()
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from conformance.harness.backends import Backend
 from conformance.harness.case import Case, collect_cases
-from conformance.harness.runner import RELEASE_EVERY, Result, run_case, run_cases, runs_on
+from conformance.harness.runner import Releases, Result, run_case, run_cases, runs_on
 
 MIN_CHUNK = 16  # cases: a smaller unit spends more on starting its process than it saves
 MIN_PAIRS = 48  # (case, backend) pairs: a smaller run stays in this process
@@ -103,10 +103,10 @@ def _serve(conn: Connection, backend: tuple[str, str, str], paths: list[str]) ->
     b = Backend(*backend)
     cases, _ = collect_cases(paths)
     order = {str(c.path): c for c in cases}
-    for k, path in enumerate(paths):
+    releases = Releases([b])
+    for path in paths:
         conn.send(run_case(order[path], b))
-        if (k + 1) % RELEASE_EVERY == 0:
-            b.release()
+        releases.case_done()
     conn.close()
 
 
