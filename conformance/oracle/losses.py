@@ -130,15 +130,16 @@ def _sigmoid_focal(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray |
     m = 1 − p_t = y·σ(−x) + (1−y)·σ(x), α_t = α·y + (1−α)(1−y) (α = −1: α_t = 1).
     dℓ/dx = w·α_t·[(σ(x) − y)·m^γ + γ·m^(γ−1)·(1 − 2y)·σ(x)σ(−x)·ce]."""
     a, g = spec.alpha, spec.gamma
-    ls = log_sigmoid(x)
-    p, q = np.exp(ls), np.exp(log_sigmoid(-x))
-    ce = (1 - y) * x - ls
+    ls, ls_neg = log_sigmoid(x), log_sigmoid(-x)
+    p, q = np.exp(ls), np.exp(ls_neg)
+    ce = -y * ls - (1 - y) * ls_neg  # (1−y)·x − log σ(x), without its cancellation at x ≪ 0
     m = y * q + (1 - y) * p
     f = m**g  # 0^0 = 1
     at = np.ones_like(x) if a < 0 else a * y + (1 - a) * (1 - y)
     wt = at if w is None else at * np.broadcast_to(w, x.shape)
     dm = np.where(m > 0, g * m ** (g - 1), 0.0) if g > 0 else np.zeros_like(x)
-    dx = wt * ((p - y) * f + dm * (1 - 2 * y) * p * q * ce)
+    # σ(x) − y written as (1−y)·σ(x) − y·σ(−x): no cancellation where σ(x) rounds to 1 (saturated logits)
+    dx = wt * (((1 - y) * p - y * q) * f + dm * (1 - 2 * y) * p * q * ce)
     return wt * ce * f, np.ones(x.shape), lambda u: dx * u
 
 
