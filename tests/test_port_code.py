@@ -229,14 +229,19 @@ def test_snippets_import_no_twinstep() -> None:
         assert modules <= {"fnmatch", "math", "typing", "torch", "jax", "optax"}, modules
 
 
-def test_a_torch_snippet_runs_in_a_fresh_interpreter(tmp_path) -> None:
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_torch_snippet_runs_in_a_fresh_interpreter(tmp_path, seed: int) -> None:
+    """The warm-up's first lr is 0 (optax's convention), so the first update leaves the loss as it was;
+    every later one lowers it. Seeded: the model's initial weights are torch's default init."""
     config = _config(OPTIMIZERS["adam-amsgrad-l2"], SCHEDULES["warmup-cosine-optax"], *PATHS["p1-norm-eps"][:2])
-    script = torch_code(config) + '''
+    script = torch_code(config) + f'''
+torch.manual_seed({seed})
 model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)).double()
 updater = Updater(model)
-x, y = torch.ones(5, 4, dtype=torch.float64), torch.zeros(5, 1, dtype=torch.float64)
-losses = [updater([(x, y)], torch.nn.functional.mse_loss)["loss"] for _ in range(5)]
-assert losses[-1] < losses[0], losses
+# a target far from any initial output, so every update (lr > 0 after the first) moves towards it
+x, y = torch.ones(5, 4, dtype=torch.float64), torch.full((5, 1), 3.0, dtype=torch.float64)
+losses = [updater([(x, y)], torch.nn.functional.mse_loss)["loss"] for _ in range(6)]
+assert losses[0] == losses[1] and all(a > b for a, b in zip(losses[1:], losses[2:])), losses
 print("ok", losses[-1])
 '''
     path = tmp_path / "snippet.py"
