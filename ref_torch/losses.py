@@ -113,11 +113,13 @@ _SUM = 2  # torch's reduction enum (at::Reduction::Sum)
 
 
 def _sigmoid_focal(spec: LossSpec, x: Any, y: Any) -> Any:
-    # torchvision.ops.sigmoid_focal_loss's formula (torchvision is not a dependency)
-    p = torch.sigmoid(x)
-    ell = F.binary_cross_entropy_with_logits(x, y, reduction="none")
-    p_t = p * y + (1 - p) * (1 - y)
-    ell = ell * ((1 - p_t) ** spec.gamma)
+    # torchvision.ops.sigmoid_focal_loss's mathematics, evaluated in log space as optax does: its own
+    # 1 − p_t by subtraction (then a power) and σ(x) − y lose every digit at saturated logits, where the
+    # gradient is NaN for γ < 1 (docs/divergences.md L-FOCAL)
+    log_p, log_q = F.logsigmoid(x), F.logsigmoid(-x)
+    ell = -y * log_p - (1 - y) * log_q
+    log_m = torch.logaddexp(torch.log(y) + log_q, torch.log1p(-y) + log_p)  # log(1 − p_t)
+    ell = ell * torch.exp(spec.gamma * log_m)
     if spec.alpha >= 0:
         ell = (spec.alpha * y + (1 - spec.alpha) * (1 - y)) * ell
     return ell

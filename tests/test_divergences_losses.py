@@ -202,3 +202,28 @@ def test_optax_focal_passes_the_focal_cases_with_torchvisions_alpha() -> None:
             ok = compare({"value": value, "grad": grad}, {"value": c.expected.value, "grad": c.expected.grad},
                          c.atol, c.rtol).passed
             assert ok == should_pass, f"{c.id} alpha={alpha}"
+
+
+def test_torchvisions_focal_loses_every_digit_at_saturated_logits() -> None:
+    """L-FOCAL: torchvision's formula, step by step in torch, is NaN (gradient, γ < 1) or 0 (value) where
+    1 − p_t or σ(x) − y cancels: it fails every loss/focal-saturated-* case (expected values from mpmath),
+    which the twins and the oracle pass (tests/test_cases.py). Measured: float64 γ = 0.5, NaN gradients at
+    x = 40 (y = 1) and x = 300; float32, value 0 and NaN gradient from x = 18 (y = 1) on."""
+    from conformance.harness.case import load_cases
+    from conformance.harness.compare import compare
+
+    cases = load_cases(only=["loss/focal-saturated-*"])
+    assert len(cases) == 3
+    for c in cases:
+        spec = c.sections["loss"]
+        dtype = getattr(torch, c.dtype)
+        y = torch.tensor(c.inputs.target, dtype=dtype)
+        x = torch.tensor(c.inputs.prediction, dtype=dtype, requires_grad=True)
+        value = _torchvision_focal(x, y, spec.alpha, spec.gamma)
+        value.sum().backward()
+        got = {"value": value.detach().double().numpy(), "grad": x.grad.double().numpy()}
+        assert not compare(got, {"value": c.expected.value, "grad": c.expected.grad}, c.atol, c.rtol).passed, c.id
+        if c.id != "loss/focal-saturated-soft-targets":  # soft targets keep 1 − p_t ≥ min(y, 1 − y): no 0^(γ−1)
+            assert np.isnan(got["grad"]).any(), c.id
+    want = _torch_value_grad(lambda a: _torchvision_focal(a, torch.tensor([1.0, 1.0]), 0.25, 0.5), np.array([40.0, 3.0]))
+    assert np.isnan(want[1][0]) and np.isfinite(want[1][1])

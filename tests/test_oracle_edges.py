@@ -1,10 +1,13 @@
-"""The oracle checked against mathematics, not against the twins: its sigmoid focal loss (value and
-gradient) against a 60-digit mpmath evaluation of torchvision's formula at saturated logits, γ in
-(0, 1] and soft labels, where σ(x) rounds to 1 and a formula written with σ(x) − y or x − log σ(x)
-loses every digit. Negative control: the cancelling formula the oracle had is flagged."""
+"""The oracle and the twins checked against mathematics, not against each other: sigmoid focal loss
+(value and gradient) against a 60-digit mpmath evaluation of torchvision's formula (tools/_mp_refs.py)
+at saturated logits, γ in (0, 1] and soft labels, where σ(x) rounds to 1 and a formula written with
+σ(x) − y, x − log σ(x) or 1 − p_t loses every digit. Negative controls: the cancelling formula the
+oracle had, and torchvision's literal one the torch twin had, are flagged."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any, Callable
 
 import mpmath as mp
@@ -17,24 +20,13 @@ from conformance.config.loss import LossSpec
 from conformance.oracle import losses as oracle
 from conformance.oracle.losses import log_sigmoid
 
-DIGITS = 60
 REL = 1e-12  # float64 evaluation of a few well-conditioned terms: a few ulps
 SATURATED = [(20.0, 1.0), (30.0, 1.0), (40.0, 1.0), (-25.0, 0.0), (-45.0, 0.0), (36.5, 0.0), (-36.5, 1.0),
              (3.0, 1.0), (0.5, 0.3), (-3.0, 0.0), (50.0, 0.9)]
-
-
-def exact(x: float, y: float, gamma: float, alpha: float) -> tuple[Any, Any]:
-    """torchvision's sigmoid_focal_loss and its derivative in x, evaluated with DIGITS digits."""
-    with mp.workdps(DIGITS):
-        def loss(t: Any) -> Any:
-            s = 1 / (1 + mp.exp(-t))
-            m = y * (1 - s) + (1 - y) * s  # 1 − p_t
-            at = 1 if alpha < 0 else alpha * y + (1 - alpha) * (1 - y)
-            ce = -(y * mp.log(s) + (1 - y) * mp.log(1 - s))
-            return at * m ** mp.mpf(gamma) * ce
-
-        xm = mp.mpf(x)
-        return loss(xm), mp.diff(loss, xm)
+_spec = importlib.util.spec_from_file_location("_mp_refs", Path(__file__).resolve().parents[1] / "tools" / "_mp_refs.py")
+mp_refs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mp_refs)
+exact = mp_refs.sigmoid_focal
 
 
 def worst(focal: Callable[..., Any], points: list[tuple[float, float]], gamma: float, alpha: float) -> float:
@@ -61,6 +53,82 @@ def test_focal_at_saturated_logits(gamma: float) -> None:
        alpha=st.sampled_from([-1.0, 0.25, 0.75]))
 def test_focal_anywhere(x: float, y: float, gamma: float, alpha: float) -> None:
     assert worst(oracle._sigmoid_focal, [(x, y)], gamma, alpha) <= REL
+
+
+def twin_focal(framework: str, spec: LossSpec, x: np.ndarray, y: np.ndarray, dtype: str) -> tuple[Any, Any]:
+    """A twin's element-wise sigmoid focal loss and its gradient (autodiff), as float64 NumPy arrays."""
+    if framework == "torch":
+        import torch
+
+        from ref_torch.losses import elementwise
+        xt = torch.tensor(x, dtype=getattr(torch, dtype), requires_grad=True)
+        ell, _ = elementwise(spec, xt, torch.tensor(y, dtype=xt.dtype))
+        ell.sum().backward()
+        return ell.detach().double().numpy(), xt.grad.double().numpy()
+    import jax
+    import jax.numpy as jnp
+
+    from ref_jax.losses import elementwise
+    with jax.enable_x64(True):
+        xj, yj = jnp.asarray(x, dtype), jnp.asarray(y, dtype)
+        ell, grad = jax.value_and_grad(lambda a: elementwise(spec, a, yj)[0].sum())(xj)
+        return np.asarray(elementwise(spec, xj, yj)[0], np.float64), np.asarray(grad, np.float64)
+
+
+def twin_worst(framework: str, points: list[tuple[float, float]], gamma: float, alpha: float,
+               dtype: str = "float64") -> float:
+    """The largest relative error of a twin over value and gradient; a non-finite result is inf."""
+    spec = LossSpec(name="sigmoid_focal", gamma=gamma, alpha=alpha)
+    x, y = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    ell, dx = twin_focal(framework, spec, x, y, dtype)
+    out = 0.0
+    for i, (xi, yi) in enumerate(points):
+        value, slope = exact(xi, yi, gamma, alpha)
+        for got, want in ((ell[i], value), (dx[i], slope)):
+            if not np.isfinite(got):
+                return float("inf")
+            if abs(want) > (1e-300 if dtype == "float64" else 1e-37):  # representable: relative error counts
+                out = max(out, float(abs((mp.mpf(float(got)) - want) / want)))
+    return out
+
+
+# (|γ|·(max|x| + 1) + 8)·u: the power exp(γ·log m) carries |γ·log m|·u (tools/gen_loss_edge_cases.py)
+TWIN_REL = {"float64": 2e-14, "float32": 3e-6}
+FLOAT32_SATURATED = [(12.0, 1.0), (18.0, 1.0), (20.0, 1.0), (40.0, 1.0), (-45.0, 0.0), (-17.0, 1.0), (0.5, 0.3)]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("gamma", [0.25, 0.5, 2.0])
+def test_twins_focal_at_saturated_logits(framework: str, gamma: float) -> None:
+    assert twin_worst(framework, SATURATED, gamma, 0.25) <= TWIN_REL["float64"]
+    assert twin_worst(framework, FLOAT32_SATURATED, gamma, 0.25, "float32") <= TWIN_REL["float32"]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(points=st.lists(st.tuples(st.floats(-60, 60), st.sampled_from([0.0, 1.0, 0.25])), min_size=1, max_size=6),
+       gamma=st.floats(0.05, 3.0), alpha=st.sampled_from([-1.0, 0.25, 0.75]))
+def test_twins_focal_anywhere(framework: str, points: list[tuple[float, float]], gamma: float, alpha: float) -> None:
+    assert twin_worst(framework, points, gamma, alpha) <= TWIN_REL["float64"]
+
+
+def test_negative_control_torchvisions_literal_formula_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from ref_torch import losses as torch_losses
+
+    def literal(spec: LossSpec, x: Any, y: Any) -> Any:  # what the torch twin had: torchvision step by step
+        p = torch.sigmoid(x)
+        p_t = p * y + (1 - p) * (1 - y)
+        ell = F.binary_cross_entropy_with_logits(x, y, reduction="none") * ((1 - p_t) ** spec.gamma)
+        return (spec.alpha * y + (1 - spec.alpha) * (1 - y)) * ell
+
+    monkeypatch.setattr(torch_losses, "_sigmoid_focal", literal)
+    assert twin_worst("torch", [(3.0, 1.0), (0.5, 0.3)], 0.5, 0.25) <= TWIN_REL["float64"]  # fine where nothing cancels
+    assert twin_worst("torch", [(40.0, 1.0)], 0.5, 0.25) == float("inf")  # 0^(γ−1)·0: NaN gradient
+    assert twin_worst("torch", [(30.0, 1.0)], 2.0, 0.25) > 1e-6  # σ(x) − y cancels in bce's gradient
+    assert twin_worst("torch", [(18.0, 1.0)], 0.5, 0.25, "float32") == float("inf")
 
 
 def _cancelling_focal(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: Any) -> Any:
