@@ -196,11 +196,7 @@ def focal(out: Path, case: Callable, masked: Callable, rng: np.random.Generator)
          call=call + ", reduced by hand over the 0/1 mask", desc="masked mean over the elements marked 1")
     case("focal-float32", {"name": "sigmoid_focal"}, lambda a: sigmoid_focal_loss(a, T(y, dtype=torch.float32),
          reduction="mean"), x, y, out, dtype="float32", call=call)
-    xe = np.array([30.0, -30.0, 5.0, -5.0, 30.0, -30.0])
-    ye = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
-    case("focal-extreme-logits", {"name": "sigmoid_focal", "reduction": "none"},
-         lambda a: sigmoid_focal_loss(a, T(ye)), xe, ye, out, call=call,
-         desc="confident right (factor ~0) and confident wrong (factor ~1) logits")
+    # focal-extreme-logits: tools/gen_loss_edge_cases.py (mpmath), where torchvision's float formula is inexact
 
 
 def sample_weights(out: Path, case: Callable, rng: np.random.Generator) -> None:

@@ -31,6 +31,10 @@ SOURCE = (f"mpmath {mp.__version__} at {DIGITS} digits: torchvision.ops.sigmoid_
           "(torchvision/ops/focal_loss.py, pytorch/vision@148ddaa) and its derivative (tools/gen_loss_edge_cases.py)")
 U = {"float64": 2.0**-53, "float32": 2.0**-24}
 FOCAL = [  # (name, dtype, gamma, alpha, logits, targets, what it shows)
+    ("focal-extreme-logits", "float64", 2.0, 0.25,
+     [30.0, -30.0, 5.0, -5.0, 30.0, -30.0],
+     [1.0, 0.0, 1.0, 0.0, 0.0, 1.0],
+     "torchvision's defaults at confident right (factor ~0, values ~1e-40) and confident wrong (factor ~1) logits"),
     ("focal-saturated-gamma-0.5", "float64", 0.5, 0.25,
      [20.0, 30.0, 40.0, -45.0, 36.5, -36.5, 300.0, -400.0, 3.0],
      [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0],

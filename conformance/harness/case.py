@@ -29,8 +29,12 @@ CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 
 
 class Tolerance(Section):
+    """`[tolerance]`: the case's own atol and rtol; `why` states the derived bound that lets a pass
+    rest on atol at values below it (the harness refuses such a pass without one)."""
+
     atol: NonNegative
     rtol: NonNegative = 0.0
+    why: str = ""
 
 
 class ExpectedError(Section):
@@ -75,6 +79,7 @@ class Case:
     description: str = ""
     config: Config | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tolerance_why: str = ""  # [tolerance] why: the bound that lets a pass rest on atol below it
 
     @property
     def expects_error(self) -> bool:
@@ -137,14 +142,14 @@ def parse_case(data: dict[str, Any], path: Path) -> Case:
         inputs = _validate(module.Inputs, header.inputs, where, prefix="inputs")
         expected = _validate(module.Expected, raw_expected, where, prefix="expected")
     if header.tolerance is not None:
-        atol, rtol = header.tolerance.atol, header.tolerance.rtol
+        atol, rtol, why = header.tolerance.atol, header.tolerance.rtol, header.tolerance.why.strip()
     else:
-        atol, rtol = default_tolerance(header.dtype)
+        (atol, rtol), why = default_tolerance(header.dtype), ""
     case = Case(
         id=header.id, kind=header.kind, source=header.source, path=path, dtype=header.dtype,
         backends=tuple(dict.fromkeys(header.backends)), sections=sections, inputs=inputs,
         expected=expected, raw_expected=raw_expected, atol=atol, rtol=rtol,
-        description=header.description, config=config,
+        description=header.description, config=config, tolerance_why=why,
     )
     check = getattr(module, "check_case", None)
     if check is not None and not case.expects_error:

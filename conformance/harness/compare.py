@@ -1,4 +1,9 @@
-"""Tolerance comparison (docs/contract.md §3): |got - want| <= atol + rtol * |want|, element-wise."""
+"""Tolerance comparison (docs/contract.md §3): |got - want| <= atol + rtol * |want|, element-wise.
+
+An element whose pass rests on atol alone at a value below it (0 < |want| < atol and
+|got − want| > rtol·|want|) says nothing about that value: 0 would pass as well. Each compared array
+holding such an element is named in `atol_carried` with its worst relative error there, so that a
+report shows it and the harness can refuse a pass that depends on it (docs/contract.md §3)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ class Comparison:
     max_abs_err: float
     max_rel_err: float
     message: str
+    atol_carried: tuple[str, ...] = ()  # "where[i]: relative error r at |want| v", worst element per array
 
 
 def _as_float(x: Any) -> np.ndarray:
@@ -30,9 +36,9 @@ def compare(got: Any, want: Any, atol: float, rtol: float) -> Comparison:
     NaN matches NaN and ±inf matches the same infinity; booleans and strings must be equal.
     `message` names the first failing location, e.g. ``params[1].theta[0]: got 2.5, want 2.6``.
     """
-    state = {"abs": 0.0, "rel": 0.0, "first": ""}
+    state: dict[str, Any] = {"abs": 0.0, "rel": 0.0, "first": "", "carried": []}
     _walk(got, want, "", atol, rtol, state)
-    return Comparison(not state["first"], state["abs"], state["rel"], state["first"])
+    return Comparison(not state["first"], state["abs"], state["rel"], state["first"], tuple(state["carried"]))
 
 
 def _fail(state: dict, where: str, text: str) -> None:
@@ -86,6 +92,13 @@ def _walk(got: Any, want: Any, where: str, atol: float, rtol: float, state: dict
     state["abs"] = max(state["abs"], float(diff.max()))
     state["rel"] = max(state["rel"], float(rel.max()))
     bad = ~(diff <= bound)
+    carried = ~bad & (diff > rtol * scale) & (scale > 0) & (scale < atol)
+    if carried.any():
+        worst = np.where(carried, rel, -1.0)
+        idx = np.unravel_index(int(np.argmax(worst)), w.shape) if w.ndim else ()
+        loc = "".join(f"[{i}]" for i in idx)
+        state["carried"].append(f"{where or '<value>'}{loc}: relative error {float(rel[idx]):.2g} at "
+                                f"|want| {float(scale[idx]):.3g}")
     if bad.any():
         idx = np.unravel_index(int(np.argmax(bad)), w.shape) if w.ndim else ()
         loc = "".join(f"[{i}]" for i in idx)

@@ -57,8 +57,9 @@ def print_rows(results: Sequence[Result], out: TextIO) -> None:
     bw = max([len(r.backend) for r in results] + [7])
     out.write(f"{'case':<{width}}  {'backend':<{bw}}  {'result':<6}  {'max_abs':>8}  {'max_rel':>8}  message\n")
     for r in results:
+        note = r.message or ("; ".join(f"atol carried {c}" for c in r.atol_carried) if r.atol_carried else "")
         out.write(f"{r.case:<{width}}  {r.backend:<{bw}}  {SHORT[r.status]:<6}  {_fmt(r.max_abs_err):>8}  "
-                  f"{_fmt(r.max_rel_err):>8}  {r.message}\n")
+                  f"{_fmt(r.max_rel_err):>8}  {note}\n")
 
 
 def summary_table(results: Sequence[Result]) -> list[list[str]]:
@@ -183,6 +184,10 @@ def markdown_report(results: Sequence[Result], ledger: list[LedgerRow],
     if bad:
         lines += ["", "## Failures", ""]
         lines += [f"- `{r.case}` [{r.backend}]: {_md(r.message)}" for r in bad]
+    carried = [r for r in results if r.status == "passed" and r.atol_carried]
+    if carried:
+        lines += ["", "## Passes that rest on atol below the value (the case's [tolerance] why says why)", ""]
+        lines += [f"- `{r.case}` [{r.backend}]: {_md('; '.join(r.atol_carried))}" for r in carried]
     declined = [r for r in results if r.status == "unsupported"]
     if declined:
         lines += ["", "## Unsupported", ""]

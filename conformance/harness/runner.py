@@ -36,6 +36,7 @@ class Result:
     file: str = ""
     key: str = ""  # a case file that could not be loaded: the key at fault ...
     reason: str = ""  # ... and why
+    atol_carried: tuple[str, ...] = ()  # arrays whose pass rests on atol at values below it (compare.py)
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -48,6 +49,10 @@ class Result:
                 out[key] = None
         if not self.key:
             del out["key"], out["reason"]
+        if self.atol_carried:
+            out["atol_carried"] = list(self.atol_carried)
+        else:
+            del out["atol_carried"]
         return out
 
 
@@ -80,7 +85,14 @@ def run_case(case: Case, backend: Backend) -> Result:
         return _result(case, backend, False, f"expected {case.expected.error} but the backend returned normally")
     want = module.expected_values(case) if hasattr(module, "expected_values") else case.raw_expected
     cmp = compare(got, want, case.atol, case.rtol)
-    return _result(case, backend, cmp.passed, cmp.message, "", cmp.max_abs_err, cmp.max_rel_err)
+    result = _result(case, backend, cmp.passed, cmp.message, "", cmp.max_abs_err, cmp.max_rel_err)
+    result.atol_carried = cmp.atol_carried
+    if cmp.passed and cmp.atol_carried and not case.tolerance_why:
+        result.passed, result.status = False, "failed"
+        result.message = (f"{cmp.atol_carried[0]} passes only by atol {case.atol:g} (0 would pass too): give "
+                          "expected values exact enough to compare relatively, or [tolerance] why = the derived "
+                          "bound that makes this atol right")
+    return result
 
 
 def crash_message(case: Case, backend: Backend, exc: BaseException) -> str:
