@@ -59,6 +59,15 @@ def test_the_ledger_lists_every_native_failure_and_each_listed_case_still_fails(
     assert sum(r.status == "passed" for r in results) >= 60  # it really ran the suite
 
 
+@pytest.mark.parametrize("backend", NATIVE)
+def test_no_native_backend_crashes_on_a_bundled_case(backend: str) -> None:
+    """A crash is a bug of the backend, never a divergence a ledger row may list (keras's update path
+    once passed a count where its schedule wanted the iterations and crashed on every case with
+    [schedule] or [clip]; K-F64 and C-EPS listed two of them)."""
+    crashed = [f"{r.case}: {r.message}" for r in native_results(backend) if "crashed on case" in r.message]
+    assert not crashed, "; ".join(crashed)
+
+
 def test_torch_native_passes_every_torch_generated_case_it_supports() -> None:
     source = {c.id: c.source for c in suite()}
     results = [r for r in native_results("torch-native") if TORCH_SOURCE.search(source[r.case])]

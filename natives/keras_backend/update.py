@@ -40,7 +40,7 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
     opt = build(config.optimizer, lr, clip_args(config.clip))
     named = variables(params, dt)
     prepare(opt, config.optimizer, named)
-    rates = values(lr, len(grads))
+    rates = values(lr, range(len(grads)))
     out: dict[str, list[Any]] = {"params": [], "lrs": [], "skipped": [], "scales": []}
     for rate, g in zip(rates, grads):
         apply(opt, named, g, dt)
