@@ -10,6 +10,7 @@ own semantics that the ledger's Keras rows state are measured directly here too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -51,11 +52,12 @@ def native_results(name: str) -> tuple[Result, ...]:
 @pytest.mark.parametrize("backend", NATIVE)
 def test_the_ledger_lists_every_native_failure_and_each_listed_case_still_fails(backend: str) -> None:
     results = native_results(backend)
-    unexplained, stale = audit(results, read_ledger(), backend)
+    unexplained, stale, misstated = audit(results, read_ledger(), backend)
     messages = {r.case: r.message for r in results}
     assert not unexplained, "native failures no docs/divergences.md row lists: " + "; ".join(
         f"{c}: {messages[c]}" for c in unexplained)
     assert not stale, "docs/divergences.md lists cases that no longer fail: " + "; ".join(stale)
+    assert not misstated, "docs/divergences.md says these fail otherwise: " + "; ".join(misstated)
     assert sum(r.status == "passed" for r in results) >= 60  # it really ran the suite
 
 
@@ -169,7 +171,7 @@ def test_negative_control_a_planted_native_bug_is_a_failure_no_row_lists(backend
     planted = PatchedBackend(backend, native.package, patches=(
         ("losses", "loss_value_and_grad", _bigger(native.function("losses", "loss_value_and_grad"))),))
     losses = [c for c in suite() if re.match(r"loss/(mse|huber|ce)-", c.id)]
-    unexplained, _ = audit(run_cases(losses, [planted]), read_ledger(), backend)
+    unexplained, _, _ = audit(run_cases(losses, [planted]), read_ledger(), backend)
     assert len(unexplained) > 15 and "loss/mse-mean" in unexplained
     assert audit(run_cases(losses, [native]), read_ledger(), backend).unexplained == []  # the same, unplanted
 
@@ -179,7 +181,7 @@ def test_negative_control_a_row_for_a_passing_or_unknown_case_is_stale(backend: 
     text = (ROOT / "docs" / "divergences.md").read_text(encoding="utf-8")
     passed = next(r.case for r in native_results(backend) if r.status == "passed")
     fake = f"\n| X-FAKE | made up | none | **{backend} fails** `{passed}`, `loss/no-such-case`, `{passed}*` |\n"
-    _, stale = audit(native_results(backend), parse_ledger(text + fake), backend)
+    _, stale, _ = audit(native_results(backend), parse_ledger(text + fake), backend)
     assert stale == [f"X-FAKE: {passed} passed", "X-FAKE: loss/no-such-case absent", f"X-FAKE: {passed} passed",
                      f"X-FAKE: {passed}* matches no failure"]
 
@@ -187,9 +189,45 @@ def test_negative_control_a_row_for_a_passing_or_unknown_case_is_stale(backend: 
 @pytest.mark.parametrize("backend", NATIVE)
 def test_negative_control_a_ledger_without_the_lists_explains_nothing(backend: str) -> None:
     text = re.sub(r"\*\*[a-z-]+ fails\*\*[^|]*", "", (ROOT / "docs" / "divergences.md").read_text("utf-8"))
-    unexplained, stale = audit(native_results(backend), parse_ledger(text), backend)
+    unexplained, stale, misstated = audit(native_results(backend), parse_ledger(text), backend)
     assert unexplained == sorted(r.case for r in native_results(backend) if r.status == "failed")
-    assert unexplained and not stale
+    assert unexplained and not stale and not misstated
+
+
+def _listed_difference(backend: str) -> tuple[Result, str]:
+    """A failure some row lists for `backend` as a numeric difference, and that row's bound."""
+    rows = read_ledger()
+    for r in native_results(backend):
+        for row in rows:
+            for how in row.stated(backend, r.case) if r.status == "failed" else ():
+                if how.startswith("rel ≤") and r.max_rel_err > 0:
+                    return r, how
+    raise AssertionError(f"no row lists a relative difference for {backend}")
+
+
+@pytest.mark.parametrize("backend", ["optax-native", "keras"])
+def test_negative_control_a_crash_or_a_bigger_difference_where_a_row_states_one_is_misstated(backend: str) -> None:
+    """The ledger states how each listed case fails: a crash, or a difference ten times the one
+    measured (always above a bound rounded up to the next power of ten), is not what it states."""
+    if backend == "keras" and not HAS_KERAS:
+        pytest.skip("keras is not installed")
+    listed, how = _listed_difference(backend)
+    bound = float(how.split("≤")[1])
+    crashed = dataclasses.replace(listed, message=f"backend {backend} crashed on case {listed.case}: TypeError: x")
+    bigger = dataclasses.replace(listed, max_rel_err=bound * 10, max_abs_err=listed.max_abs_err * 10)
+    others = [r for r in native_results(backend) if r.case != listed.case]
+    for planted, why in ((crashed, "fails by crash"), (bigger, "is above the row's")):
+        misstated = audit([*others, planted], read_ledger(), backend).misstated
+        assert misstated and all(listed.case in m and why in m for m in misstated), misstated
+    assert not audit([*others, listed], read_ledger(), backend).misstated  # unplanted, it holds
+
+
+def test_negative_control_a_list_that_states_nothing_is_misstated() -> None:
+    text = (ROOT / "docs" / "divergences.md").read_text("utf-8")
+    bare = re.sub(r"(\*\*optax-native fails\*\*) \([^()]*\)", r"\1", text)
+    misstated = audit(native_results("optax-native"), parse_ledger(bare), "optax-native").misstated
+    failed = [r.case for r in native_results("optax-native") if r.status == "failed"]
+    assert len(misstated) >= len(failed) and all("states no kind of failure" in m for m in misstated)
 
 
 # --- Keras's own semantics, measured (docs/divergences.md, section "Keras 3") ---------------------

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from conformance.cli import main
 from conformance.harness.ledger import explain, parse_ledger
@@ -150,16 +153,58 @@ def test_no_report_is_left_half_written(tmp_path) -> None:
 def test_the_ledger_audit_finds_unexplained_failures_and_rows_that_stopped_failing() -> None:
     from conformance.harness.ledger import audit
 
-    rows = parse_ledger(LEDGER + "| O-D | d differs | z | **native fails** `optimizer/torch-*-open`, `loss/a` |\n")
+    rows = parse_ledger(LEDGER + "| O-D | d differs | z | **native fails** (rel ≤ 1) `optimizer/torch-*-open`, `loss/a` |\n")
     assert rows[-1].failing("native") == ("optimizer/torch-*-open", "loss/a") and rows[0].failing("native") == ()
-    results = [Result("loss/a", "native", False, 1.0, 1.0, "x", kind="loss"),
+    diff = "x[0]: got 1, want 2 (|diff| 1 > atol 0 + rtol 0·|want|)"
+    results = [Result("loss/a", "native", False, 1.0, 0.5, diff, kind="loss"),
                Result("optimizer/torch-adam-open", "native", True, 0.0, 0.0, "", kind="optimizer"),
-               Result("optimizer/z-new", "native", False, 1.0, 1.0, "x", kind="optimizer"),
-               Result("optimizer/torch-adam-open", "torch", False, 1.0, 1.0, "x", kind="optimizer")]
+               Result("optimizer/z-new", "native", False, 1.0, 1.0, diff, kind="optimizer"),
+               Result("optimizer/torch-adam-open", "torch", False, 1.0, 1.0, diff, kind="optimizer")]
     assert audit(results, rows, "native") == (
-        ["optimizer/z-new"], ["O-D: optimizer/torch-adam-open passed", "O-D: optimizer/torch-*-open matches no failure"])
+        ["optimizer/z-new"], ["O-D: optimizer/torch-adam-open passed", "O-D: optimizer/torch-*-open matches no failure"], [])
     assert explain(rows, "loss/a", "native") == ["O-D"]  # the listing row, not L-A, which only names the case
     assert explain(rows, "loss/a", "other") == ["L-A", "O-D"]  # a backend no row lists: every row naming it
-    fixed = [results[0], Result("optimizer/torch-adam-open", "native", False, 1.0, 1.0, "x", kind="optimizer")]
-    assert audit(fixed, rows, "native") == ([], [])  # negative control: every failure explained, every row showing
+    fixed = [results[0], Result("optimizer/torch-adam-open", "native", False, 1.0, 1.0, diff, kind="optimizer")]
+    assert audit(fixed, rows, "native") == ([], [], [])  # negative control: every failure explained, every row showing
     assert audit(fixed[:1], rows, "native").stale == ["O-D: optimizer/torch-*-open matches no failure"]
+
+
+_FAILURES = {  # the harness's own messages (runner.py, compare.py) and the kind the ledger calls each
+    "x[0]: got 1, want 2 (|diff| 1 > atol 0 + rtol 0·|want|)": "difference",
+    "x[1]: got nan, want 2 (|diff| nan > atol 0 + rtol 0·|want|)": "NaN",
+    "x: shape (2,) does not match the expected (3,)": "shape",
+    "grad[4][1]: relative error 0.015 at |want| 0.000193 passes only by atol 0.001 (0 would pass too): ...": "atol",
+    "NonFiniteError: the gradient norm is nan": "NonFiniteError",
+    "raised ConfigError: bad; expected InputError containing 'x'": "ConfigError",
+    "expected InputError but the backend returned normally": "no error",
+    "backend keras crashed on case loss/a: TypeError: 'int' object is not iterable at x/y.py:3": "crash",
+    "value: missing from the backend's result": "other",
+}
+
+
+@pytest.mark.parametrize("message", list(_FAILURES))
+def test_each_way_a_case_fails_has_its_ledger_word(message: str) -> None:
+    from conformance.harness.ledger import failure_of
+
+    finite = _FAILURES[message] != "NaN"
+    assert failure_of(Result("loss/a", "native", False, 1.0 if finite else math.inf, 0.5, message)) == _FAILURES[message]
+
+
+@pytest.mark.parametrize("stated, message, abs_err, rel_err, wrong", [
+    ("rel ≤ 1e-7", "x[0]: got 1, want 1 (|diff| 1e-8 > atol 0 + rtol 0·|want|)", 1e-8, 9e-8, ""),
+    ("rel ≤ 1e-7", "x[0]: got 1, want 1 (|diff| 1e-8 > atol 0 + rtol 0·|want|)", 1e-8, 1.1e-6, "above the row's"),
+    ("abs <= 1e-7", "x[0]: got 1, want 1 (|diff| 1e-8 > atol 0 + rtol 0·|want|)", 1e-8, math.inf, ""),
+    ("rel ≤ 1e-7", "x[0]: got 1, want 1 (|diff| 1e-8 > atol 0 + rtol 0·|want|)", 1e-8, math.inf, "above the row's"),
+    ("rel ≤ 1", "backend k crashed on case loss/a: TypeError: x", None, None, "fails by crash"),
+    ("NaN", "x[1]: got nan, want 2 (|diff| nan > atol 0 + rtol 0·|want|)", math.inf, math.inf, ""),
+    ("NaN", "x[0]: got 1, want 2 (|diff| 1 > atol 0 + rtol 0·|want|)", 1.0, 0.5, "fails by difference"),
+    ("NonFiniteError", "NonFiniteError: the gradient norm is nan", None, None, ""),
+    ("NonFiniteError", "ConfigError: bad", None, None, "fails by ConfigError"),
+    ("", "x[0]: got 1, want 2 (|diff| 1 > atol 0 + rtol 0·|want|)", 1.0, 0.5, "states no kind"),
+    ("close", "x[0]: got 1, want 2 (|diff| 1 > atol 0 + rtol 0·|want|)", 1.0, 0.5, "is no kind of failure"),
+])
+def test_a_row_holds_only_when_the_case_fails_as_it_states(stated, message, abs_err, rel_err, wrong) -> None:
+    from conformance.harness.ledger import holds
+
+    got = holds(stated, Result("loss/a", "native", False, abs_err, rel_err, message))
+    assert (wrong in got and got) if wrong else got == ""
