@@ -13,9 +13,9 @@ ReduceLROnPlateau rule when one is observed (docs/divergences.md S-PLATEAU: not 
 
 # Optax schedules: each group gets one jittable callable count -> lr, built from optax schedules
 # where optax has the same mathematics (exponential_decay with its end_value but for the
-# staircase, piecewise_constant_schedule, linear_schedule, polynomial_schedule with its end_value,
-# cosine_decay_schedule, warmup_cosine_decay_schedule, join_schedules) and from small closed forms
-# where it has none or differs (torch's cosine past t_max, OneCycleLR's fractional phase ends, warm
+# staircase, piecewise_constant_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule, join_schedules) and from small closed forms
+# where it has none or differs (linear and polynomial decays exact at their end under jit, torch's
+# cosine past t_max, OneCycleLR's fractional phase ends, warm
 # restarts for ever with Keras's m_mul, inverse sqrt, wsd's 1 − sqrt decay, ChainedScheduler's
 # product of factors, CyclicLR's triangles).
 #
@@ -63,6 +63,18 @@ def schedule_step(count: Any, updates_per_epoch: int = 1) -> Any:
     return count.astype(jnp.result_type(float))
 
 
+def _polynomial(init: float, end: float, power: float, steps: float) -> Schedule:
+    """optax.polynomial_schedule(init, end, power, steps) (linear_schedule for power 1) with the
+    fraction left written (T − s)/T instead of 1 − s/T: jitted, XLA:CPU turns 1 − s/T into a fused
+    multiply-add of s·(1/T), which at s = T = 10 is −5.6e-17 in float64 (−1.5e-8 in float32): a
+    fractional power of it is NaN, a linear decay to 0 a negative lr (docs/divergences.md
+    S-POLY-JIT). T − s is exactly 0 from the end on."""
+    def schedule(s: Any) -> Any:
+        left = steps - jnp.clip(s, 0, steps)
+        return (init - end) * jnp.minimum(left / steps, 1.0) ** power + end  # T·(1/T) may round above 1
+    return schedule
+
+
 def _affine(low: float, high: float, unit: Schedule) -> Schedule:
     """low + (high - low)·unit(s): every group anneals from its own lr to the absolute eta_min."""
     return lambda s: low + (high - low) * unit(s)
@@ -101,7 +113,7 @@ def _restarts(spec: ScheduleSpec, b: float) -> Schedule:
 
 def _phase(kind: str, start: float, end: float, length: float) -> Schedule:
     if kind == "linear":
-        return optax.linear_schedule(start, end, length)  # type: ignore[arg-type]
+        return _polynomial(start, end, 1.0, length)  # type: ignore[arg-type]
     return _affine(end, start, optax.cosine_decay_schedule(1.0, length))  # type: ignore[arg-type]
 
 
@@ -161,13 +173,13 @@ def _chained(spec: ScheduleSpec, b: float) -> Schedule:
 
 
 def _warmup(spec: ScheduleSpec, b: float) -> Schedule:
-    return optax.linear_schedule(b * spec.start_factor, b, spec.warmup_steps)
+    return _polynomial(b * spec.start_factor, b, 1.0, spec.warmup_steps)
 
 
 def _wsd(spec: ScheduleSpec, b: float) -> Schedule:
     w, d, total, eta = spec.warmup_steps, spec.decay_steps, spec.total_steps, spec.eta_min
     if spec.decay_type == "linear":
-        decay = optax.linear_schedule(b, eta, d)
+        decay = _polynomial(b, eta, 1.0, d)
     elif spec.decay_type == "cosine":
         decay = _affine(eta, b, optax.cosine_decay_schedule(1.0, d))
     else:
@@ -192,9 +204,9 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
     if name == "cosine":
         return _torch_cosine(b, spec.eta_min, spec.t_max)
     if name == "linear":
-        return optax.linear_schedule(b * spec.start_factor, b * spec.end_factor, spec.total_iters)
+        return _polynomial(b * spec.start_factor, b * spec.end_factor, 1.0, spec.total_iters)
     if name == "polynomial":
-        return optax.polynomial_schedule(b, end, spec.power, spec.total_iters)
+        return _polynomial(b, end, spec.power, spec.total_iters)
     if name == "onecycle":
         return _onecycle(spec, onecycle_phases(spec, b))
     if name == "cosine_restarts":

@@ -260,6 +260,38 @@ def test_keras_piecewise_boundary_is_inclusive(keras) -> None:
     assert [float(s(t)) for t in (2, 3, 4)] == [1.0, 1.0, 0.5]  # torch's milestone 3 gives 0.5 at update 3
 
 
+def test_keras_polynomial_decay_is_nan_jitted_past_its_end(keras) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    s = keras.optimizers.schedules.PolynomialDecay(1.0, decay_steps=10, end_learning_rate=0.0, power=0.9)
+    assert [float(s(t)) for t in (10, 11)] == [0.0, 0.0]  # eagerly, as torch's PolynomialLR
+    assert all(np.isnan(float(jax.jit(s)(jnp.asarray(t)))) for t in (10, 11))  # S-POLY-JIT
+
+
+def test_keras_focal_gradient_is_nan_at_saturated_logits() -> None:
+    """K-FOCAL-NAN, in Keras's default configuration (floatx float32, no x64): NaN from x ≈ 17."""
+    if not HAS_KERAS:
+        pytest.skip("keras is not installed")
+    import jax
+    import jax.numpy as jnp
+
+    from natives.keras_backend.backend import load
+
+    keras = load()
+    before = keras.config.floatx()
+    keras.config.set_floatx("float32")
+    try:
+        with jax.enable_x64(False):
+            focal = keras.losses.BinaryFocalCrossentropy(apply_class_balancing=False, gamma=0.5, from_logits=True,
+                                                         reduction="sum")
+            x = jnp.asarray([[3.0], [16.0], [17.0], [20.0]], "float32")
+            grad = np.asarray(jax.grad(lambda z: focal(jnp.ones_like(z), z))(x)).ravel()
+    finally:
+        keras.config.set_floatx(before)
+    assert np.isfinite(grad[:2]).all() and np.isnan(grad[2:]).all()
+
+
 def test_the_keras_report_in_the_docs_matches_a_fresh_run() -> None:
     if not HAS_KERAS:
         pytest.skip("keras is not installed")

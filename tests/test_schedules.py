@@ -18,6 +18,7 @@ import torch
 
 from conformance.config import load_config
 from conformance.config.schedule import SCHEDULE_NAMES
+from conformance.harness.case import collect_cases
 from conformance.rules.groups import group_base_lrs
 from ref_jax._schedules import build_scheduler as jax_build_scheduler
 from ref_torch._schedules import PerEpochLR, build_scheduler
@@ -202,6 +203,48 @@ def test_jax_schedules_are_jittable_float64_on_int32_counts(name: str) -> None:
             eager = np.broadcast_to(np.asarray(fn(count)), (20,))
             np.testing.assert_allclose(np.asarray(jitted), eager, rtol=1e-14, atol=1e-18)
             assert float(jax.jit(fn)(jnp.int32(7))) == pytest.approx(float(eager[7]), rel=1e-14, abs=1e-18)
+
+
+def jit_mismatches(cases: list) -> list[str]:
+    """Every bundled case's JAX schedules over 80 updates (past every end), jitted against eager:
+    the updates where they differ by more than 1e-13 relative, or in finiteness or sign."""
+    out = []
+    count = jnp.arange(80, dtype=jnp.int32)
+    with jax.enable_x64(True):
+        for case in cases:
+            spec = case.sections["schedule"]
+            per_epoch = case.inputs.updates_per_epoch if spec.unit == "epoch" else 1
+            built = jax_build_scheduler(spec, group_base_lrs(case.sections["optimizer"]), per_epoch)
+            for fn in built.lr + (built.momentum or ()):
+                eager = np.broadcast_to(np.asarray(fn(count)), (80,))
+                jitted = np.asarray(jax.jit(jax.vmap(fn))(count))
+                bad = ~np.isclose(jitted, eager, rtol=1e-13, atol=0) | (np.sign(jitted) != np.sign(eager))
+                out += [f"{case.id}: update {t} jitted {float(jitted[t])!r}, eager {float(eager[t])!r}" for t in np.flatnonzero(bad)[:1]]
+    return out
+
+
+def scheduled_cases() -> list:
+    cases, broken = collect_cases(None, ["schedule/*"])
+    assert not broken
+    return [c for c in cases if c.sections["schedule"].name != "reduce_on_plateau"]
+
+
+def test_jax_schedules_jitted_are_the_eager_values_past_every_end() -> None:
+    # XLA fuses 1 − s/T into s·(1/T) in a multiply-add: −5.6e-17 at s = T = 10, NaN under a
+    # fractional power (docs/divergences.md S-POLY-JIT); the twin's decays stay exact there
+    cases = scheduled_cases()
+    assert len(cases) > 80 and not jit_mismatches(cases)
+
+
+def test_negative_control_optax_polynomial_schedule_is_nan_jitted_past_its_end(monkeypatch) -> None:
+    import ref_jax._schedules as twin
+
+    def optax_polynomial(init: float, end: float, power: float, steps: float):
+        return optax.polynomial_schedule(init, end, power, steps)
+
+    monkeypatch.setattr(twin, "_polynomial", optax_polynomial)
+    found = jit_mismatches([c for c in scheduled_cases() if c.id == "schedule/polynomial-power-0.9"])
+    assert found and "jitted nan" in found[0], found
 
 
 def _quadratic_grad(p: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Pinned differences for the peers' schedules (docs/divergences.md#schedules: S-CHAINED,
-S-CHAINED-TMAX, S-CYCLIC, S-PLATEAU, S-PLATEAU-NEG, S-ENDVALUE, S-STAIRCASE, K-RESTARTS-F32).
+S-CHAINED-TMAX, S-CYCLIC, S-PLATEAU, S-PLATEAU-NEG, S-ENDVALUE, S-STAIRCASE, S-POLY-JIT, K-RESTARTS-F32).
 
 Each test asserts what torch, optax or Keras do today, so it fails if one of them changes; the
 twinstep recipe for each is checked by the conformance cases named in the doc.
@@ -122,6 +122,19 @@ def test_s_staircase_lands_early_under_a_float64_count() -> None:
     wrong = np.flatnonzero(got != want)
     assert wrong.size > 100 and np.all(wrong % 49 == 0)  # only boundaries, one step early
     np.testing.assert_array_equal(exact, want)  # floor division is exact (twinstep's step)
+
+
+def test_s_poly_jit_optax_polynomial_is_nan_jitted_past_its_end() -> None:
+    # jitted, 1 − count/T becomes a fused multiply-add of count·(1/T): slightly negative at count = T
+    for steps in (6, 10):
+        poly, linear = optax.polynomial_schedule(0.1, 0.0, 0.9, steps), optax.linear_schedule(0.1, 0.0, steps)
+        at = [jnp.int32(steps), jnp.int32(steps + 1)]
+        assert all(math.isnan(float(jax.jit(poly)(t))) for t in at)
+        assert all(float(poly(t)) == 0.0 for t in at)  # eagerly: 0, as torch's PolynomialLR
+        assert all(-1e-8 < float(jax.jit(linear)(t)) < 0.0 for t in at)  # a negative lr
+    with jax.enable_x64(True):
+        assert math.isnan(float(jax.jit(optax.polynomial_schedule(0.1, 0.0, 0.9, 10))(jnp.float64(10))))
+    assert torch_lrs(lambda o: S.PolynomialLR(o, 10, 0.9), 12)[10:] == [0.0, 0.0]
 
 
 def test_k_restarts_keras_takes_its_cosine_in_float32() -> None:

@@ -163,6 +163,8 @@ def bundled_cases(out: Path) -> None:
        lambda o: S.PolynomialLR(o, 10, 2.0), 13, groups=(0.5,))
     tc(out, "polynomial-sqrt", "power 0.5", {"name": "polynomial", "total_iters": 6, "power": 0.5},
        lambda o: S.PolynomialLR(o, 6, 0.5), 8)
+    tc(out, "polynomial-power-0.9", "power 0.9 (the DeepLab 'poly' schedule) past its end: 0 from update 10 on",
+       {"name": "polynomial", "total_iters": 10, "power": 0.9}, lambda o: S.PolynomialLR(o, 10, 0.9), 13)
     # onecycle
     tc(out, "onecycle-defaults-sgd", "OneCycleLR defaults, SGD momentum cycled 0.95 -> 0.85 -> 0.95",
        {"name": "onecycle", "total_steps": 20}, lambda o: S.OneCycleLR(o, [0.1], 20), 20)

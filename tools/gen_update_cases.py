@@ -128,6 +128,11 @@ def bundled() -> list[dict[str, Any]]:
                      "clip": {"max_norm": 0.8, "norm_type": 1.0}},
              sched=lambda o: S.MultiStepLR(o, milestones=[1, 3], gamma=0.3), clip=lambda ps: norm(ps, 0.8, norm_type=1.0),
              shapes=NAMED, n=5),
+        dict(id="torch-sgd-polynomial-past-end", note="SGD(momentum=0.9) + PolynomialLR(total_iters=10, power=0.9) "
+             "for 13 updates: lr 0 from update 10 on (a jitted 1 − t/T is −1.5e-8 in float32 there, pow NaN)",
+             tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+                     "schedule": {"name": "polynomial", "total_iters": 10, "power": 0.9}},
+             sched=lambda o: S.PolynomialLR(o, total_iters=10, power=0.9), clip=None, shapes=OPEN, n=13),
     ]
 
 
