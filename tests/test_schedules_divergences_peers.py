@@ -1,5 +1,5 @@
 """Pinned differences for the peers' schedules (docs/divergences.md#schedules: S-CHAINED,
-S-CHAINED-TMAX, S-CYCLIC, S-PLATEAU, S-PLATEAU-NEG, S-ENDVALUE, S-STAIRCASE, S-POLY-JIT, K-RESTARTS-F32).
+S-CHAINED-TMAX, S-CYCLIC, S-PLATEAU, S-PLATEAU-NEG, S-ENDVALUE, S-STAIRCASE, S-POLY-JIT, S-SEQ-CHAINED, K-RESTARTS-F32).
 
 Each test asserts what torch, optax or Keras do today, so it fails if one of them changes; the
 twinstep recipe for each is checked by the conformance cases named in the doc.
@@ -122,6 +122,29 @@ def test_s_staircase_lands_early_under_a_float64_count() -> None:
     wrong = np.flatnonzero(got != want)
     assert wrong.size > 100 and np.all(wrong % 49 == 0)  # only boundaries, one step early
     np.testing.assert_array_equal(exact, want)  # floor division is exact (twinstep's step)
+
+
+def test_s_seq_chained_torch_steps_a_chained_first_part_once_more() -> None:
+    # SequentialLR's construction steps a first-part ChainedScheduler's parts outside their initial
+    # step: ExponentialLR, PolynomialLR and CosineAnnealingLR then run a step ahead; ConstantLR,
+    # StepLR, MultiStepLR and LinearLR (which check last_epoch == 0) do not
+    def first(parts):
+        return lambda o: S.SequentialLR(o, [S.ChainedScheduler(parts(o)), S.ConstantLR(o, 0.5, 3)], [6])
+
+    def alone(parts):
+        return lambda o: S.ChainedScheduler(parts(o))
+
+    ahead = lambda o: [S.StepLR(o, 2, 0.5), S.ExponentialLR(o, 0.9)]  # noqa: E731
+    assert torch_lrs(alone(ahead), 3) == pytest.approx([0.1, 0.09, 0.0405], rel=1e-15)
+    assert torch_lrs(first(ahead), 3) == pytest.approx([0.09, 0.081, 0.03645], rel=1e-15)  # γ^(t+1)
+    for late in (lambda o: S.PolynomialLR(o, 10, 1.0), lambda o: S.CosineAnnealingLR(o, 10)):
+        assert torch_lrs(first(lambda o: [late(o)]), 3) != torch_lrs(alone(lambda o: [late(o)]), 3)
+    exact = lambda o: [S.LinearLR(o, 0.2, 1.0, 3), S.StepLR(o, 2, 0.5), S.ConstantLR(o, 0.5, 2),  # noqa: E731
+                       S.MultiStepLR(o, [1, 3], 0.5)]
+    assert torch_lrs(first(exact), 6) == torch_lrs(alone(exact), 6)
+    with pytest.raises(NotImplementedError):  # a later chained part: refused at its milestone
+        torch_lrs(lambda o: S.SequentialLR(o, [S.ConstantLR(o, 0.5, 3), S.ChainedScheduler([S.StepLR(o, 2, 0.5)])],
+                                           [2]), 4)
 
 
 def test_s_poly_jit_optax_polynomial_is_nan_jitted_past_its_end() -> None:

@@ -88,6 +88,11 @@ SPEC_ERRORS = [
      "schedule.schedulers[1].name cannot be 'onecycle' inside sequential"),
     ({"name": "sequential", "milestones": [5], "schedulers": [{"name": "constant"}, {"name": "sequential", "schedulers": [{"name": "constant"}]}]},
      "schedule.schedulers[1].name cannot be 'sequential' inside sequential"),
+    ({"name": "sequential", "milestones": [5], "schedulers": [{"name": "constant"}, {"name": "chained", "schedulers": [{"name": "constant"}]}]},
+     "schedule.schedulers[1].name cannot be 'chained' inside sequential: torch's SequentialLR restarts a later part"),
+    ({"name": "sequential", "milestones": [5], "schedulers": [{"name": "chained", "schedulers": [
+        {"name": "step", "step_size": 2}, {"name": "exponential", "gamma": 0.9}]}, {"name": "constant"}]},
+     "schedule.schedulers[0].schedulers[1].name cannot be 'exponential' in a chained first part of sequential"),
     ({"name": "sequential", "milestones": [5], "schedulers": [{"name": "constant", "unit": "epoch"}, {"name": "constant"}]},
      "schedule.schedulers[0].unit must equal the sequential schedule's unit 'update'"),
     ({"name": "sequential", "milestones": [5], "schedulers": [{"name": "cosine", "t_max": 0}, {"name": "constant"}]},

@@ -56,6 +56,18 @@ def chained_cases(out: Path, tc: Callable[..., None]) -> None:
        {"name": "chained", "unit": "epoch", "schedulers": [{"name": "linear", "start_factor": 0.2, "total_iters": 3},
                                                            {"name": "step", "step_size": 2, "gamma": 0.5}]},
        lambda o: S.ChainedScheduler([S.LinearLR(o, 0.2, 1.0, 3), S.StepLR(o, 2, 0.5)]), 21, upe=3)
+    tc(out, "sequential-chained-first", "SequentialLR([ChainedScheduler([LinearLR(0.2, 1, 3), StepLR(2, 0.5), "
+       "ConstantLR(0.5, 2), MultiStepLR([1, 3], 0.5)]), ConstantLR(0.5, 3)], [6]): a chained first part runs as the "
+       "ChainedScheduler alone (torch refuses later chained parts: NotImplementedError at their milestone)",
+       {"name": "sequential", "milestones": [6], "schedulers": [
+           {"name": "chained", "schedulers": [{"name": "linear", "start_factor": 0.2, "total_iters": 3},
+                                              {"name": "step", "step_size": 2, "gamma": 0.5},
+                                              {"name": "constant", "factor": 0.5, "total_iters": 2},
+                                              {"name": "multistep", "milestones": [1, 3], "gamma": 0.5}]},
+           {"name": "constant", "factor": 0.5, "total_iters": 3}]},
+       lambda o: S.SequentialLR(o, [S.ChainedScheduler([S.LinearLR(o, 0.2, 1.0, 3), S.StepLR(o, 2, 0.5),
+                                                        S.ConstantLR(o, 0.5, 2), S.MultiStepLR(o, [1, 3], 0.5)]),
+                                    S.ConstantLR(o, 0.5, 3)], [6]), 12, groups=(0.03,))
 
 
 def cyclic_cases(out: Path, tc: Callable[..., None]) -> None:

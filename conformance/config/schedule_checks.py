@@ -19,7 +19,8 @@ MIN_START_FACTOR = 1e-100  # LinearLR's first ratio (1 - sf) / (total_iters·sf)
 # Why a schedule cannot be a part of sequential / chained (torch's reason).
 NOT_SEQUENTIAL = {
     "sequential": "torch's SequentialLR cannot restart a nested SequentialLR at a milestone",
-    "chained": "torch's SequentialLR restarts a part from its closed form, which ChainedScheduler has not",
+    "chained": "torch's SequentialLR restarts a later part from its closed form (_update_lr(0)), which "
+               "ChainedScheduler has not (NotImplementedError at the milestone); a chained first part is allowed",
     "onecycle": "torch's OneCycleLR overwrites every group's initial lr, which the other parts use",
     "cyclic": "torch's CyclicLR overwrites every group's lr (base_lr) and momentum at construction",
     "reduce_on_plateau": "it steps on an observed metric, which SequentialLR does not pass",
@@ -28,6 +29,10 @@ NOT_SEQUENTIAL = {
 # the current lr multiplicatively (StepLR, MultiStepLR, ExponentialLR, ConstantLR, LinearLR,
 # PolynomialLR, CosineAnnealingLR without eta_min). The others set the lr from the base lr.
 CHAINABLE = ("constant", "step", "multistep", "exponential", "cosine", "linear", "polynomial")
+# A chained *first* part of sequential: SequentialLR's construction steps the chained parts once more
+# outside their initial step, which ExponentialLR, PolynomialLR and CosineAnnealingLR count as a step
+# (they start one step ahead: γ^(t+1)); these four check last_epoch == 0 and run as in a ChainedScheduler.
+FIRST_IN_SEQUENTIAL = ("constant", "step", "multistep", "linear")
 NOT_CHAINABLE = {
     "onecycle": "OneCycleLR sets the lr from its phases, not as a factor of the current lr",
     "cyclic": "CyclicLR sets the lr from base_lr and max_lr, not as a factor of the current lr",
@@ -124,13 +129,24 @@ def _parts(s: Any, refused: dict[str, str]) -> list[Any]:
     if not parts:
         raise field_error("schedulers", "must list at least one [[schedule.schedulers]] table")
     for i, part in enumerate(parts):
-        if part.name in refused:
+        if i == 0 and s.name == "sequential" and part.name == "chained":
+            _check_chained_first(part)
+        elif part.name in refused:
             raise field_error(f"schedulers[{i}].name", f"cannot be {part.name!r} inside {s.name}: "
                                                        f"{refused[part.name]}")
         if part.unit != s.unit:
             raise field_error(f"schedulers[{i}].unit", f"must equal the {s.name} schedule's unit "
                                                        f"{s.unit!r}; received {part.unit!r}")
     return parts
+
+
+def _check_chained_first(part: Any) -> None:
+    for j, sub in enumerate(part.schedulers or []):
+        if sub.name not in FIRST_IN_SEQUENTIAL:
+            raise field_error(f"schedulers[0].schedulers[{j}].name", f"cannot be {sub.name!r} in a chained first part "
+                              "of sequential: torch's SequentialLR steps it once more when it is built, so it runs "
+                              "a step ahead (ExponentialLR: gamma^(t+1)); use only constant, step, multistep and "
+                              "linear there, or the chained schedule on its own (docs/divergences.md S-SEQ-CHAINED)")
 
 
 def _check_sequential(s: Any) -> None:
