@@ -294,7 +294,7 @@ def plateau_step(spec: ScheduleSpec, state: PlateauState, metric: Any) -> Platea
     cooldown = jnp.where(cooling, state.cooldown_counter - 1, state.cooldown_counter)
     bad = jnp.where(cooling, 0, bad)
     reduce = bad > spec.patience
-    lower = jnp.maximum(state.lrs * spec.factor, spec.min_lr)
+    lower = jnp.maximum(state.lrs * spec.factor, jnp.asarray(spec.min_lr, state.lrs.dtype))  # one floor or one per group
     lrs = jnp.where(reduce & (state.lrs - lower > spec.eps), lower, state.lrs)
     return PlateauState(best, jnp.where(reduce, 0, bad), jnp.where(reduce, spec.cooldown, cooldown),
                         state.observed + 1, lrs)

@@ -85,6 +85,15 @@ def test_onecycle_factors_are_recovered_exactly() -> None:
     assert table["cycle_momentum"] and table["max_momentum"] == 0.95
 
 
+@pytest.mark.parametrize("floors, want", [([0.004, 0.05], [0.004, 0.05]), ([0.01, 0.01], 0.01)])
+def test_plateau_floors_per_group_read_as_a_list(floors, want) -> None:
+    """ReduceLROnPlateau's min_lr per group: a list in the spec, one number when they agree."""
+    named = parameters(initial())
+    opt = optimizer("sgd", named)
+    table = from_torch(opt, sched.ReduceLROnPlateau(opt, patience=0, min_lr=floors), named)["schedule"]
+    assert table["min_lr"] == want
+
+
 def test_warmup_plus_cosine_reads_as_warmup_cosine() -> None:
     named = parameters(initial())
     opt = torch.optim.AdamW(named.values(), lr=1e-3)

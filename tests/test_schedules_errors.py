@@ -113,6 +113,9 @@ def test_spec_error_is_one_line_naming_the_field(table: dict, text: str) -> None
 
 # (optimizer table, schedule table, steps, error class, text): errors raised when values are asked for
 RUN_ERRORS = [
+    ({"name": "sgd", "lr": 0.1, "groups": [{"params": ["a"], "lr": 0.01}]},
+     {"name": "reduce_on_plateau", "min_lr": [1e-3, 1e-4, 1e-5]}, 5, ConfigError,
+     "schedule.min_lr lists 3 floors for 2 parameter groups; give one per group in group order"),
     ({"name": "sgd"}, {"name": "onecycle", "total_steps": 10}, 11, ConfigError, "schedule.total_steps = 10 is shorter than the run"),
     ({"name": "adagrad"}, {"name": "onecycle", "total_steps": 10}, 5, ConfigError, "schedule.cycle_momentum = true needs an optimizer"),
     ({"name": "muon"}, {"name": "onecycle", "total_steps": 10}, 5, ConfigError, "schedule.cycle_momentum = true is not supported"),

@@ -126,6 +126,11 @@ def plateau_cases(out: Path, tc: Callable[..., None]) -> None:
     tc(out, "plateau-nan-is-bad", "a NaN metric is never better: it counts as a bad epoch",
        rop(patience=1, factor=0.5), lambda o: S.ReduceLROnPlateau(o, patience=1, factor=0.5), 8,
        metrics=[1.0, 0.9, float("nan"), float("nan"), 0.8, float("nan"), float("nan"), 0.7])
+    tc(out, "plateau-min-lr-per-group", "min_lr as a list, one floor per group (torch's own test passes "
+       "min_lr=[0.4, 0.5]): the 0.05 group stops at 0.02, the default 0.1 group at 0.004",
+       rop(patience=1, factor=0.5, min_lr=[0.02, 0.004]),
+       lambda o: S.ReduceLROnPlateau(o, patience=1, factor=0.5, min_lr=[0.02, 0.004]), 24, groups=(0.05,),
+       metrics=[1.0] * 24)
 
 
 def keras_cases(out: Path, write: Write) -> None:

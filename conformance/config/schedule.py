@@ -169,7 +169,8 @@ class ScheduleSpec(Section):
     base_momentum.
 
     reduce_on_plateau: torch's ReduceLROnPlateau (mode, factor, patience, threshold,
-    threshold_mode, cooldown, min_lr, eps). In training it observes `monitor` (val_loss or
+    threshold_mode, cooldown, min_lr, eps); `min_lr` is one floor for every group or a list of
+    one per parameter group in group order (torch's min_lr list). In training it observes `monitor` (val_loss or
     val_accuracy) at every evaluation; in schedule cases `[inputs] metrics` gives the value
     observed after each update. Its state (best, num_bad_epochs, cooldown_counter, every group's
     lr) is checkpointed."""
@@ -208,7 +209,7 @@ class ScheduleSpec(Section):
     threshold: NonNegative | None = None
     threshold_mode: Literal["rel", "abs"] | None = None
     cooldown: NonNegInt | None = None
-    min_lr: NonNegative | None = None
+    min_lr: NonNegative | list[NonNegative] | None = None  # one floor, or one per param group
     eps: NonNegative | None = None
     monitor: Literal["val_loss", "val_accuracy"] | None = None
     warmup_steps: NonNegInt | None = None

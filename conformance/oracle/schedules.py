@@ -259,7 +259,7 @@ def plateau_lrs(spec: ScheduleSpec, base: list[float], metrics: np.ndarray | Non
         if cooldown > 0:
             cooldown, bad = cooldown - 1, 0
         if bad > spec.patience:
-            new = np.maximum(lrs * spec.factor, spec.min_lr)
+            new = np.maximum(lrs * spec.factor, np.asarray(spec.min_lr, np.float64))  # one floor or one per group
             lrs = np.where(lrs - new > spec.eps, new, lrs)
             cooldown, bad = spec.cooldown, 0
     return out

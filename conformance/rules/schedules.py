@@ -78,6 +78,10 @@ def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_p
                                   f"its own; remove schedule.{key} so that each group keeps its own lr")
     if schedule.name in CYCLED:
         cycled_hyperparameter(schedule, optimizer)
+    if schedule.name == "reduce_on_plateau" and isinstance(schedule.min_lr, list) and len(schedule.min_lr) != len(base):
+        raise ConfigError(f"schedule.min_lr lists {len(schedule.min_lr)} floors for {len(base)} parameter groups; give "
+                          "one per group in group order (the [[optimizer.groups]] parts in file order, the default "
+                          "group last) or a single number")
     last = (steps - 1) // updates_per_epoch  # the last schedule step the run reaches
     _check_chained_length(schedule, last)
     _check_onecycle_length(schedule, last)

@@ -59,6 +59,11 @@ def _same(values: list[float], what: str) -> float:
     return float(values[0])
 
 
+def _floors(values: list[float]) -> float | list[float]:
+    """ReduceLROnPlateau's min_lrs: one number when every group has the same, else one per group."""
+    return values[0] if all(v == values[0] for v in values) else values
+
+
 def _exact_ratio(num: float, den: float, check: Any) -> float:
     """A float within 4 ulps of num / den for which `check` holds, the shortest written one (torch
     keeps only products such as max_lr / div_factor: the factor the user wrote is recovered)."""
@@ -118,7 +123,7 @@ def _plateau(s: Any) -> dict[str, Any]:
                                f"first step")
     return {"name": "reduce_on_plateau", "mode": s.mode, "factor": float(s.factor), "patience": int(s.patience),
             "threshold": float(s.threshold), "threshold_mode": s.threshold_mode, "cooldown": int(s.cooldown),
-            "min_lr": _same([float(m) for m in s.min_lrs], "ReduceLROnPlateau min_lr"), "eps": float(s.eps)}
+            "min_lr": _floors([float(m) for m in s.min_lrs]), "eps": float(s.eps)}
 
 
 def _milestones(s: Any) -> list[int]:
