@@ -124,7 +124,9 @@ MAPPED = [
     ("optax-native", "optimizer/keras-sgd-weight-decay", "passed", ""),  # chain(trace, add_decayed_weights, lr)
     ("optax-native", "loss/focal-default", "passed", ""),  # optax.losses.sigmoid_focal_loss(alpha=0.25)
     ("optax-native", "schedule/keras-restarts-test-mmul", "passed", ""),  # sgdr_schedule with m_mul peaks
-    ("optax-native", "schedule/plateau-min-rel-negative-metric", "passed", ""),  # optax.contrib.reduce_on_plateau
+    ("optax-native", "schedule/plateau-negative-metric-eps-0", "passed", ""),  # optax.contrib.reduce_on_plateau
+    ("optax-native", "schedule/plateau-min-rel-negative-metric", "unsupported",
+     "schedule.eps = 1e-08: optax.contrib.reduce_on_plateau (no eps: every reduction applies)"),
     ("optax-native", "optimizer/schedulefree-sgd-closed", "unsupported",
      "optimizer.r = 1.0: optax.contrib.schedule_free_sgd has no equivalent"),
     ("optax-native", "schedule/cyclic-triangular2-spots", "unsupported", "optax has no such schedule"),

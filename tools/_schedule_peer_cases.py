@@ -131,6 +131,13 @@ def plateau_cases(out: Path, tc: Callable[..., None]) -> None:
        rop(patience=1, factor=0.5, min_lr=[0.02, 0.004]),
        lambda o: S.ReduceLROnPlateau(o, patience=1, factor=0.5, min_lr=[0.02, 0.004]), 24, groups=(0.05,),
        metrics=[1.0] * 24)
+    tc(out, "plateau-eps-0", "eps = 0 (optax.contrib.reduce_on_plateau's rule: every reduction applies), min/rel, "
+       "patience 2, cooldown 1, min_lr 1e-3: a noisy validation loss that flattens",
+       rop(patience=2, cooldown=1, factor=0.5, min_lr=1e-3, eps=0.0),
+       lambda o: S.ReduceLROnPlateau(o, patience=2, cooldown=1, factor=0.5, min_lr=1e-3, eps=0.0), 60, metrics=m1)
+    tc(out, "plateau-negative-metric-eps-0", "plateau-min-rel-negative-metric with eps = 0: the lr never falls, "
+       "on torch and on optax.contrib.reduce_on_plateau alike", rop(patience=2, eps=0.0),
+       lambda o: S.ReduceLROnPlateau(o, patience=2, eps=0.0), 25, metrics=negative)
 
 
 def keras_cases(out: Path, write: Write) -> None:

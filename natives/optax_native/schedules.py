@@ -10,7 +10,7 @@ cosine_restarts → sgdr_schedule with enough cycles for the run (m_mul: each cy
 η + (lr − η)·m_mul^i); warmup_cosine → warmup_cosine_decay_schedule; sequential → join_schedules;
 chained → the product of its parts' schedules (optax has no chain); reduce_on_plateau →
 optax.contrib.reduce_on_plateau observing each metric (mode "min" only; rel threshold → rtol, abs →
-atol; min_lr → min_scale = min_lr / lr). optax has no inverse_sqrt, wsd or cyclic schedule;
+atol; min_lr → min_scale = min_lr / lr, per group; eps = 0 only: optax applies every reduction). optax has no inverse_sqrt, wsd or cyclic schedule;
 `unit = "epoch"` evaluates at count // updates_per_epoch.
 """
 
@@ -100,7 +100,8 @@ def plateau(spec: ScheduleSpec, base: float, group: int = 0) -> optax.GradientTr
     """optax.contrib.reduce_on_plateau for torch's ReduceLROnPlateau fields (its scale times `base`),
     for param group `group` (min_lr may give one floor per group)."""
     require(spec, "schedule", "mode", ("min",), "optax.contrib.reduce_on_plateau (it minimizes)")
-    require(spec, "schedule", "eps", (1e-8,), "optax.contrib.reduce_on_plateau (eps)")
+    # optax applies every reduction however small: torch's eps = 0, not its 1e-8 default
+    require(spec, "schedule", "eps", (0.0,), "optax.contrib.reduce_on_plateau (no eps: every reduction applies)")
     rel = spec.threshold_mode == "rel"
     floor = spec.min_lr[group] if isinstance(spec.min_lr, list) else spec.min_lr
     return optax.contrib.reduce_on_plateau(factor=spec.factor, patience=spec.patience,
