@@ -23,7 +23,7 @@ def evaluate(backend: str, spec: LossSpec, **arrays) -> dict:
     (LossSpec(name="mse"), {"mask": np.array([1.0, 0.5, 0.0])}, r"mask must hold only 0 or 1 \(or booleans\); found 0.5 at index \(1\)"),
     (LossSpec(name="mse"), {"mask": np.array([1.0, np.nan, 0.0])}, r"mask must hold only 0 or 1 .*found nan"),
     (LossSpec(name="mse"), {"prediction": np.array([1.0, -np.inf, 0.0])}, r"-inf logits \(probability 0\) are accepted by"),
-    (LossSpec(name="bce_with_logits"), {"prediction": np.array([1.0, np.inf, 0.0])}, r"non-finite value \(inf\) at index \(1\)"),
+    (LossSpec(name="sigmoid_focal"), {"prediction": np.array([1.0, np.inf, 0.0])}, r"non-finite value \(inf\) at index \(1\)"),
     (LossSpec(name="mse"), {"sample_weight": np.array([[1.0]])}, r"sample_weight shape \(1, 1\) must be the leading"),
 ])
 def test_input_errors(backend_name: str, spec: LossSpec, inputs: dict, message: str) -> None:

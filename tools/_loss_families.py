@@ -30,6 +30,7 @@ def write_families(out: Path, case: Callable, masked: Callable) -> None:
     float_masks(out, case, masked, rng)
     focal(out, case, masked, rng)
     sample_weights(out, case, rng)
+    pos_inf(out, case, masked)
 
 
 def _logits(rng: np.random.Generator, *shape: int, scale: float = 2.0) -> np.ndarray:
@@ -112,6 +113,32 @@ def neg_inf(out: Path, case: Callable, masked: Callable, rng: np.random.Generato
          masked(lambda a: F.binary_cross_entropy_with_logits(a, T(yb), pos_weight=T(pw), reduction="none"), mb),
          xb, yb, out, mask=mb, call="F.binary_cross_entropy_with_logits(reduction='none') reduced by hand over a 0/1 "
          "float mask (torch.where)", desc="the -inf logits are masked out: finite value and gradient")
+
+
+def pos_inf(out: Path, case: Callable, masked: Callable) -> None:
+    """+inf logits (probability 1) in bce_with_logits, with torch's values: +inf for y < 1, NaN for y = 1
+    (0·inf), and the finite gradient (1 + (pw − 1)·y)·σ(x) − pw·y = 1 − y."""
+    rng = np.random.default_rng(20261206)  # its own stream: the families above keep their values
+    xb = _logits(rng, 3, 4, scale=3.0)
+    yb = np.round(rng.uniform(0, 1, (3, 4)), 4)
+    yb[0] = [0.0, 1.0, 0.5, 1.0]
+    xb[0, :3] = np.inf
+    xb[2, 1] = np.inf
+    pw = np.round(rng.uniform(0.5, 3.0, 4), 4)
+    bce = F.binary_cross_entropy_with_logits
+    case("bce-pos-inf-none", {"name": "bce_with_logits", "reduction": "none", "pos_weight": pw},
+         lambda a: bce(a, T(yb), pos_weight=T(pw), reduction="none"), xb, yb, out,
+         call="F.binary_cross_entropy_with_logits(reduction='none')",
+         desc="at a +inf logit torch's (1 − y)·x − (1 + (pw − 1)·y)·log σ(x) is +inf for y < 1 and NaN for y = 1 "
+              "(0·inf); the gradient 1 − y is finite")
+    case("bce-pos-inf-mean", {"name": "bce_with_logits"}, lambda a: bce(a, T(yb)), xb, yb, out,
+         call="F.binary_cross_entropy_with_logits()", desc="the mean over +inf and NaN elements is NaN; the "
+         "gradient stays finite")
+    mb = np.where(np.isposinf(xb), 0.0, 1.0)
+    case("bce-pos-inf-masked", {"name": "bce_with_logits", "pos_weight": pw},
+         masked(lambda a: bce(a, T(yb), pos_weight=T(pw), reduction="none"), mb),
+         xb, yb, out, mask=mb, call="F.binary_cross_entropy_with_logits(reduction='none') reduced by hand over a 0/1 "
+         "float mask (torch.where)", desc="the +inf logits are masked out: finite value and gradient")
 
 
 def pos_weight(out: Path, case: Callable, rng: np.random.Generator) -> None:

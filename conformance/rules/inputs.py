@@ -6,7 +6,8 @@ on NumPy arrays first, so they raise the same `InputError` with the same message
 
 What is accepted as torch accepts it: `-inf` logits (probability 0, the masking idiom) for the
 losses in NEG_INF_LOSSES, with torch's values (+inf where the target's own class is -inf, NaN
-where torch computes 0·(-inf)); `pos_weight` broadcast against the prediction as torch broadcasts
+where torch computes 0·(-inf)); `+inf` logits (probability 1) in bce_with_logits (POS_INF_LOSSES),
++inf for targets below 1 and NaN at 1 (0·inf), as torch; `pos_weight` broadcast against the prediction as torch broadcasts
 it; masks of booleans or of numbers that are exactly 0 or 1.
 """
 
@@ -26,6 +27,9 @@ BINARY_LOSSES = ("bce_with_logits", "sigmoid_focal")  # logits against targets i
 # -inf logits mean probability 0; torch's gradients stay finite there. sigmoid_focal is left out:
 # torchvision's formula multiplies bce's NaN by the focal factor, so even a masked -inf has a NaN gradient.
 NEG_INF_LOSSES = ("cross_entropy", "nll", "bce_with_logits")
+# +inf logits mean probability 1: torch's bce_with_logits is +inf for y < 1, NaN for y = 1 (0·inf),
+# with the finite gradient 1 − y. Elsewhere torch's results at +inf are NaN or meaningless.
+POS_INF_LOSSES = ("bce_with_logits",)
 
 
 def _first_bad(mask: np.ndarray) -> str:
@@ -51,11 +55,11 @@ def first_nonfinite(tensors: Mapping[str, Any]) -> str | None:
             return name
     return None
 
-def check_finite(name: str, x: np.ndarray, allow_neg_inf: bool = False) -> None:
-    """Raise InputError naming the first NaN/Inf element of a floating array (-inf allowed on request)."""
+def check_finite(name: str, x: np.ndarray, allow_neg_inf: bool = False, allow_pos_inf: bool = False) -> None:
+    """Raise InputError naming the first NaN/Inf element of a floating array (-inf, +inf allowed on request)."""
     if _is_float(x):
         v = x.astype(np.float64)
-        bad = np.isnan(v) | (v == np.inf) if allow_neg_inf else ~np.isfinite(v)
+        bad = np.isnan(v) | ((v == np.inf) & (not allow_pos_inf)) | ((v == -np.inf) & (not allow_neg_inf))
         if bad.any():
             value = v[tuple(np.argwhere(bad)[0])] if x.ndim else float(v)
             raise InputError(f"{name} contains a non-finite value ({value}) at index {_first_bad(bad)}")
@@ -168,7 +172,7 @@ def check_loss_inputs(
 
 
 def _check_prediction_values(spec: LossSpec, prediction: np.ndarray) -> None:
-    check_finite("prediction", prediction, allow_neg_inf=True)
+    check_finite("prediction", prediction, allow_neg_inf=True, allow_pos_inf=spec.name in POS_INF_LOSSES)
     v = prediction.astype(np.float64)
     if spec.name not in NEG_INF_LOSSES and np.isneginf(v).any():
         raise InputError(f"prediction contains a non-finite value (-inf) at index {_first_bad(np.isneginf(v))}; "
