@@ -81,8 +81,11 @@ def clip_by_leaf_norm(max_norm: float, eps: float = 1e-6, norm_type: float = 2.0
 
 
 def clip_transform(spec: ClipSpec) -> optax.GradientTransformation:
-    """The optax transform for a [clip] spec (identity when nothing is clipped)."""
+    """The optax transform for a [clip] spec (identity when nothing is clipped; clip_value with
+    max_norm: optax.chain(optax.clip(v), the norm rule))."""
     mode = spec.mode
+    if spec.clip_value is not None and mode != "value":
+        return optax.chain(optax.clip(spec.clip_value), clip_transform(spec.model_copy(update={"clip_value": None})))
     if mode == "value":
         return optax.clip(spec.clip_value)
     if mode == "none":
@@ -98,6 +101,10 @@ def clip_with_norm(spec: ClipSpec, grads: Any, norm: Any) -> Any:
     """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
     global-norm rule reuses (no second pass over the gradients)."""
     # pure: new arrays (torch's clip_grad_norm_ computes the norm once too)
+    if spec.clip_value is not None and spec.mode != "value":  # by value first, then the norm rule on
+        grads = optax.clip(spec.clip_value).update(grads, optax.EmptyState())[0]  # the clamped gradients
+        if spec.mode == "global_norm":
+            norm = tree_total_norm(grads, spec.norm_type)
     if spec.mode == "global_norm":
         return jax.tree.map(lambda g: scale_by_norm(g, norm, spec.max_norm, spec.eps), grads)
     clip = clip_transform(spec)

@@ -53,9 +53,14 @@ def clip_with_norm(spec: ClipSpec, grads: Mapping[str, Any], norm: Any,
     present = [g for g in grads.values() if g is not None]
     if mode == "none" or not present:
         return
-    if mode == "value":
+    if spec.clip_value is not None:  # by value first: torch's clip_grad_value_ before clip_grad_norm_
         torch.nn.utils.clip_grad_value_([_GradRef(g) for g in present], spec.clip_value)
-    elif mode == "global_norm":
+        if mode == "global_norm":  # the norm rule sees the clamped gradients, as clip_grad_norm_ would
+            norm = torch.nn.utils.get_total_norm(present, spec.norm_type)
+            norm = norm if reduce_norm is None else reduce_norm(norm, spec.norm_type)
+    if mode == "value":
+        return
+    if mode == "global_norm":
         scale_by_norm(present, norm, spec)
     elif reduce_norm is not None:  # per_parameter over shards
         local = torch.stack([torch.nn.utils.get_total_norm([g], spec.norm_type) for g in present])

@@ -38,7 +38,12 @@ def torch_builtin(spec: ClipSpec, grads: dict, dtype=torch.float64) -> tuple[dic
         p = torch.nn.Parameter(torch.zeros(v.shape, dtype=dtype))
         p.grad = torch.tensor(v, dtype=dtype)
         params.append(p)
-    if spec.mode == "global_norm":
+    if spec.clip_value is not None and spec.mode != "value":  # a torch user's two calls, value first
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], spec.norm_type)  # logged: before both
+        torch.nn.utils.clip_grad_value_(params, spec.clip_value)
+        for group in ([p] for p in params) if spec.per_parameter else [params]:
+            torch.nn.utils.clip_grad_norm_(group, spec.max_norm, spec.norm_type)
+    elif spec.mode == "global_norm":
         norm = torch.nn.utils.clip_grad_norm_(params, spec.max_norm, spec.norm_type)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], spec.norm_type)
@@ -65,8 +70,12 @@ def test_norm_type_inf(value) -> None:
     assert math.isinf(load_config({"clip": {"max_norm": 1.0, "norm_type": value}}).clip.norm_type)
 
 
+def test_clip_value_with_max_norm_clamps_then_applies_the_norm_rule() -> None:
+    spec = load_config({"clip": {"max_norm": 1.0, "clip_value": 0.5}}).clip
+    assert (spec.mode, spec.clip_value) == ("global_norm", 0.5)
+
+
 @pytest.mark.parametrize(("data", "message"), [
-    ({"max_norm": 1.0, "clip_value": 0.5}, "clip.clip_value cannot be combined with max_norm"),
     ({"eps": 0.0}, "clip.eps is only used with max_norm"),
     ({"per_parameter": True}, "clip.per_parameter is only used with max_norm"),
     ({"max_norm": 1.0, "norm_type": 0}, "clip.norm_type must be > 0 (or inf)"),
@@ -86,11 +95,14 @@ def test_spec_errors_name_the_field(data: dict, message: str) -> None:
 
 @shared_fixture
 @given(grads=grad_sets, p=norm_types, max_norm=st.floats(1e-3, 1e3),
-       mode=st.sampled_from(["global", "per_parameter", "value", "none"]))
+       mode=st.sampled_from(["global", "per_parameter", "value", "none", "value_then_global", "value_then_each"]))
 def test_equals_torch_builtins(backend, grads, p, max_norm, mode) -> None:
     spec = {"global": ClipSpec(max_norm=max_norm, norm_type=p),
             "per_parameter": ClipSpec(max_norm=max_norm, norm_type=p, per_parameter=True),
-            "value": ClipSpec(clip_value=max_norm, norm_type=p), "none": ClipSpec(norm_type=p)}[mode]
+            "value": ClipSpec(clip_value=max_norm, norm_type=p), "none": ClipSpec(norm_type=p),
+            "value_then_global": ClipSpec(clip_value=max_norm / 3, max_norm=max_norm, norm_type=p),
+            "value_then_each": ClipSpec(clip_value=max_norm / 3, max_norm=max_norm, norm_type=p, per_parameter=True),
+            }[mode]
     want, norm = torch_builtin(spec, grads)
     got = backend.function("clipping", "clip_and_norm")(spec, grads)
     if backend.name == "torch":  # the production path calls the built-ins: bit for bit

@@ -108,6 +108,10 @@ PATHS = {  # clip, accumulation, precision
     "inf-norm-optax": ({"max_norm": 0.5, "eps": 0.0, "norm_type": "inf"}, {"steps": 1}, F64),
     "per-parameter": ({"max_norm": 0.5, "per_parameter": True}, {"steps": 2, "normalize": "tokens"}, F64),
     "value": ({"clip_value": 0.3}, {"steps": 2}, {**F64, "schedule_on_skip": "advance"}),
+    "value-then-norm": ({"clip_value": 0.3, "max_norm": 0.5}, {"steps": 2}, F64),
+    "value-then-norm-optax": ({"clip_value": 0.3, "max_norm": 0.5, "eps": 0.0}, {"steps": 1}, F64),
+    "value-then-per-parameter-eps": ({"clip_value": 0.3, "max_norm": 0.4, "per_parameter": True, "eps": 1e-3},
+                                     {"steps": 1}, F64),
 }
 
 

@@ -98,6 +98,8 @@ DESCRIPTIONS = {
     "schedule-free-adamw": {"schedule_free_adamw": {"learning_rate": 0.01, "weight_decay": 0.1, "b1": 0.8}},
     "schedule-free-sgd": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
                                     {"schedule_free_sgd": {"learning_rate": 0.1, "weight_lr_power": 1.0}}]},
+    "clip-value-then-norm": {"chain": [{"clip": {"max_delta": 0.3}}, {"clip_by_global_norm": {"max_norm": 0.5}},
+                                       {"adam": {"learning_rate": 0.05}}]},
 }
 
 
@@ -174,6 +176,8 @@ def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> Non
     ({"sgd": {"learning_rate": {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 5, "exponent": 2.0}}}},
      UnsupportedError, "exponent"),
     ({"fromage": {"learning_rate": 0.1}}, UnsupportedError, "twinstep reads the optax transforms"),
+    ({"chain": [{"clip_by_global_norm": {"max_norm": 1.0}}, {"clip": {"max_delta": 0.3}}, {"sgd": {"learning_rate": 0.1}}]},
+     UnsupportedError, "a second clipping transform; twinstep clips once, or by value then by norm"),
 ])
 def test_what_the_spec_cannot_express_is_refused_in_one_line(table: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words) as info:

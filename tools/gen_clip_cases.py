@@ -39,7 +39,12 @@ def torch_clip(g: GradSet, clip: dict[str, Any], dtype=torch.float64) -> tuple[G
         params.append(p)
     p_type = clip.get("norm_type", 2.0)
     p_type = math.inf if p_type == "inf" else p_type
-    if "clip_value" in clip:
+    if "clip_value" in clip and "max_norm" in clip:  # the two calls a torch user writes, value first
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], p_type)  # logged: before any clipping
+        torch.nn.utils.clip_grad_value_(params, clip["clip_value"])
+        for group in ([p] for p in params) if clip.get("per_parameter") else [params]:
+            torch.nn.utils.clip_grad_norm_(group, clip["max_norm"], p_type)
+    elif "clip_value" in clip:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], p_type)
         torch.nn.utils.clip_grad_value_(params, clip["clip_value"])
     elif clip.get("per_parameter"):
@@ -54,7 +59,7 @@ def torch_clip(g: GradSet, clip: dict[str, Any], dtype=torch.float64) -> tuple[G
     return out, float(norm)
 
 
-def optax_clip(g: GradSet, max_norm: float) -> tuple[GradSet, float]:
+def optax_clip(g: GradSet, max_norm: float, clip_value: float | None = None) -> tuple[GradSet, float]:
     import jax
     import jax.numpy as jnp
     import optax
@@ -62,6 +67,8 @@ def optax_clip(g: GradSet, max_norm: float) -> tuple[GradSet, float]:
     with jax.enable_x64(True):
         tree = {k: jnp.asarray(v, jnp.float64) for k, v in g.items()}
         tx = optax.clip_by_global_norm(max_norm)
+        if clip_value is not None:  # by value first, as the spec's clip_value with max_norm
+            tx = optax.chain(optax.clip(clip_value), tx)
         out, _ = tx.update(tree, tx.init(tree))
         norm = float(optax.tree.norm(tree))
         return {k: np.asarray(v, np.float64) for k, v in out.items()}, norm
@@ -77,7 +84,9 @@ def torch_case(name: str, g: GradSet, clip: dict[str, Any], out: Path, desc: str
     if dtype != "float64":
         g = {k: v.astype(np.float32).astype(np.float64) for k, v in g.items()}
     clipped, norm = torch_clip(g, clip, tdt)
-    call = ("clip_grad_value_" if "clip_value" in clip else
+    call = ("clip_grad_value_ then clip_grad_norm_ (the norm returned: get_total_norm before both)"
+            if "clip_value" in clip and "max_norm" in clip else
+            "clip_grad_value_" if "clip_value" in clip else
             "clip_grad_norm_ per parameter" if clip.get("per_parameter") else
             "clip_grad_norm_" if "max_norm" in clip else "get_total_norm")
     body: dict[str, Any] = {
@@ -90,14 +99,17 @@ def torch_case(name: str, g: GradSet, clip: dict[str, Any], out: Path, desc: str
     write(name, body, out)
 
 
-def optax_case(name: str, g: GradSet, max_norm: float, out: Path, desc: str, exact: bool = False) -> None:
-    clipped, norm = optax_clip(g, max_norm)
+def optax_case(name: str, g: GradSet, max_norm: float, out: Path, desc: str, exact: bool = False,
+               clip_value: float | None = None) -> None:
+    clipped, norm = optax_clip(g, max_norm, clip_value)
     import optax
 
+    chain = "optax.chain(optax.clip, optax.clip_by_global_norm)" if clip_value is not None else "optax.clip_by_global_norm"
+    spec = {"max_norm": max_norm, "eps": 0.0, **({"clip_value": clip_value} if clip_value is not None else {})}
     body: dict[str, Any] = {
-        "source": f"optax {optax.__version__} optax.clip_by_global_norm in float64, norm from "
-                  "optax.tree.norm (tools/gen_clip_cases.py)",
-        "description": desc, "clip": {"max_norm": max_norm, "eps": 0.0}, "inputs": {"grads": g},
+        "source": f"optax {optax.__version__} {chain} in float64, norm from optax.tree.norm"
+                  f"{' of the unclipped gradients' if clip_value is not None else ''} (tools/gen_clip_cases.py)",
+        "description": desc, "clip": spec, "inputs": {"grads": g},
         "expected": {"grads": clipped, "total_norm": norm},
     }
     if exact:
@@ -139,6 +151,16 @@ def main(out: Path) -> None:
                "an inf gradient: the norm is inf, finite entries become 0 and the inf entry NaN")
     nan = {"w": np.array([1.0, math.nan]), "b": np.array([0.5])}
     torch_case("nan-gradient", nan, {"max_norm": 1.0}, out, "a NaN gradient makes every gradient NaN")
+    spiky = {"w": np.array([[0.2, -3.0, 0.1], [0.4, 0.05, 2.5]]), "b": np.array([-0.3, 0.6, 0.1])}
+    torch_case("value-then-norm", spiky, {"clip_value": 0.5, "max_norm": 0.8}, out,
+               "clip_grad_value_(0.5) then clip_grad_norm_(0.8): the norm rule sees the clamped gradients "
+               "(norm 1.08, not 4.0); the logged norm is the one before both")
+    torch_case("value-then-norm-per-parameter", spiky, {"clip_value": 0.5, "max_norm": 0.6, "per_parameter": True}, out,
+               "clamped, then each parameter clipped to its own norm")
+    torch_case("value-then-norm-below", spiky, {"clip_value": 0.5, "max_norm": 5.0}, out,
+               "clamped below max_norm: the norm rule multiplies by 5 / (n + 1e-6) clamped to 1")
+    optax_case("value-then-norm-optax", spiky, 0.8, out, "optax.chain(optax.clip(0.5), "
+               "optax.clip_by_global_norm(0.8)): eps = 0 after the clamp", clip_value=0.5)
 
 
 if __name__ == "__main__":

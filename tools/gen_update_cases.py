@@ -133,6 +133,10 @@ def bundled() -> list[dict[str, Any]]:
              tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
                      "schedule": {"name": "polynomial", "total_iters": 10, "power": 0.9}},
              sched=lambda o: S.PolynomialLR(o, total_iters=10, power=0.9), clip=None, shapes=OPEN, n=13),
+        dict(id="torch-adam-clip-value-then-norm", note="Adam + clip_grad_value_(0.4) then clip_grad_norm_(0.6): "
+             "the norm rule sees the clamped gradients",
+             tables={"optimizer": {"name": "adam", "lr": 0.05}, "clip": {"clip_value": 0.4, "max_norm": 0.6}},
+             sched=None, clip=lambda ps: (value(ps, 0.4), norm(ps, 0.6)), shapes=OPEN, n=4, scale=3.0),
     ]
 
 

@@ -20,6 +20,9 @@ those, as torch's get_total_norm), c = max_norm:
 - per_parameter: the same rule with each parameter's own norm n_i (torch: one clip_grad_norm_ call
   per parameter); the returned norm is still the global one.
 - clip_value = v: g ← clamp(g, -v, v) (clip_grad_value_, optax.clip).
+- clip_value and max_norm together: by value first, then by norm on the clamped gradients (torch's
+  clip_grad_value_ then clip_grad_norm_; optax.chain(optax.clip(v), clip_by_global_norm(c))). The
+  returned and logged norm is still the one before any clipping.
 
 Clipping runs on unscaled gradients. In a training update a non-finite gradient is [precision]'s
 business (skip or raise); error_if_nonfinite then only fires when every gradient is finite but the
@@ -69,10 +72,6 @@ class ClipSpec(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "ClipSpec":
-        if self.max_norm is not None and self.clip_value is not None:
-            raise field_error(
-                "clip_value", "cannot be combined with max_norm: choose clipping by norm or by value"
-            )
         if self.max_norm is None:
             for name in ("per_parameter", "eps"):
                 if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
@@ -82,9 +81,8 @@ class ClipSpec(Section):
 
     @property
     def mode(self) -> str:
-        """'global_norm', 'per_parameter', 'value' or 'none'."""
-        if self.clip_value is not None:
-            return "value"
+        """'global_norm', 'per_parameter', 'value' or 'none': the norm rule when max_norm is set (with
+        clip_value as well, clamping comes first), else clipping by value alone."""
         if self.max_norm is None:
-            return "none"
+            return "none" if self.clip_value is None else "value"
         return "per_parameter" if self.per_parameter else "global_norm"

@@ -23,6 +23,7 @@ def clip_args(spec: ClipSpec) -> dict[str, Any]:
         return {"clipvalue": spec.clip_value}
     if spec.mode == "none":
         return {}
+    require(spec, "clip", "clip_value", (None,), "Keras's optimizers (one of clipvalue, clipnorm, global_clipnorm)")
     require(spec, "clip", "norm_type", (2.0,), "Keras's clipnorm (the 2-norm only)")
     require(spec, "clip", "error_if_nonfinite", (False,), "Keras's clipnorm")
     require(spec, "clip", "eps", (TORCH_EPS, 0.0), "Keras's clipnorm (no eps)")

@@ -32,6 +32,8 @@ def transform(spec: ClipSpec) -> optax.GradientTransformation:
     require(spec, "clip", "error_if_nonfinite", (False,), native)
     require(spec, "clip", "norm_type", (2.0,), native + " (the 2-norm only)")
     require(spec, "clip", "eps", (TORCH_EPS, 0.0), native + " (no eps)")
+    if spec.clip_value is not None:  # by value first, then by norm: a chain
+        return optax.chain(optax.clip(spec.clip_value), optax.clip_by_global_norm(spec.max_norm))
     return optax.clip_by_global_norm(spec.max_norm)
 
 

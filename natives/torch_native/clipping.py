@@ -26,9 +26,9 @@ def clip(spec: ClipSpec, params: list[torch.Tensor]) -> float:
     grads = [p.grad for p in params]
     norm = float(torch.nn.utils.get_total_norm(grads, spec.norm_type))
     try:
-        if spec.mode == "value":
+        if spec.clip_value is not None:  # with max_norm as well: the two calls, value first
             torch.nn.utils.clip_grad_value_(params, spec.clip_value)
-        elif spec.mode == "global_norm":
+        if spec.mode == "global_norm":
             torch.nn.utils.clip_grad_norm_(params, spec.max_norm, spec.norm_type, spec.error_if_nonfinite)
         elif spec.mode == "per_parameter":
             for p in params:

@@ -47,15 +47,16 @@ def _gradient_side(bs: list[Block]) -> tuple[int, dict[str, Any], float | None, 
             maximize = True
         elif b.name == "add_decayed_weights":
             decay = _decay(b)
-        elif clip:
-            raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once")
+        elif clip and not (set(clip) == {"clip_value"} and b.name == "clip_by_global_norm"):
+            raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once, or by value "
+                                   "then by norm (optax.chain(optax.clip(v), optax.clip_by_global_norm(c)))")
         elif decay is not None:
             raise UnsupportedError(f"{b.where} clips g + weight_decay·p; twinstep (like torch) clips the gradient "
                                    f"before the optimizer adds the decay: clip first")
         elif b.name == "clip":
             clip = {"clip_value": _positive(b.args["max_delta"], f"{b.where}.max_delta")}
         else:
-            clip = {"max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
+            clip = {**clip, "max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
         i += 1
     return i, clip, decay, maximize
 

@@ -144,10 +144,13 @@ def _clip(config: Config, need: list[str]) -> str | None:
     if c.mode == "value":
         return f"optax.clip({lit(c.clip_value)})"
     if c.mode == "global_norm" and c.eps == 0 and c.norm_type == 2:
-        return f"optax.clip_by_global_norm({lit(c.max_norm)})"
-    need.extend(t for t in (parts.NORM, parts.CLIP) if t not in need)
-    return (f"clip_by_norm_torch({lit(c.max_norm)}, {lit(c.eps)}, {lit(c.norm_type)}, "
-            f"per_parameter={c.mode == 'per_parameter'})")
+        norm = f"optax.clip_by_global_norm({lit(c.max_norm)})"
+    else:
+        need.extend(t for t in (parts.NORM, parts.CLIP) if t not in need)
+        norm = (f"clip_by_norm_torch({lit(c.max_norm)}, {lit(c.eps)}, {lit(c.norm_type)}, "
+                f"per_parameter={c.mode == 'per_parameter'})")
+    # clip_value with max_norm: by value first, then the norm rule, as torch's two calls
+    return norm if c.clip_value is None else f"optax.chain(optax.clip({lit(c.clip_value)}), {norm})"
 
 
 def tx_code(config: Config, need: list[str]) -> str:

@@ -139,15 +139,20 @@ def _clip_code(config: Config) -> list[str]:
     c = config.clip
     if c.mode == "none":
         return []
+    value = [] if c.clip_value is None else [f"torch.nn.utils.clip_grad_value_(self.params, {lit(c.clip_value)})"]
     if c.mode == "value":
-        return [f"torch.nn.utils.clip_grad_value_(self.params, {lit(c.clip_value)})"]
+        return value
     err = f", error_if_nonfinite={c.error_if_nonfinite}" if c.error_if_nonfinite else ""
     if c.mode == "per_parameter":
         if c.eps == 1e-6:
-            return ["for p in self.params:  # every parameter clipped on its own",
+            return [*value, "for p in self.params:  # every parameter clipped on its own",
                     f"    torch.nn.utils.clip_grad_norm_([p], {lit(c.max_norm)}, {lit(c.norm_type)}{err})"]
-        return ["for g in grads:  # every parameter clipped on its own",
+        return [*value, "for g in grads:  # every parameter clipped on its own",
                 f"    clip_by_norm([g], torch.nn.utils.get_total_norm([g], {lit(c.norm_type)}))"]
+    if value:  # clamped first: the norm rule takes the clamped gradients' norm, not the logged one
+        if c.eps == 1e-6:
+            return [*value, f"torch.nn.utils.clip_grad_norm_(self.params, {lit(c.max_norm)}, {lit(c.norm_type)}{err})"]
+        return [*value, f"clip_by_norm(grads, torch.nn.utils.get_total_norm(grads, {lit(c.norm_type)}))"]
     if c.eps == 1e-6:
         return [f"torch.nn.utils.clip_grads_with_norm_(self.params, {lit(c.max_norm)}, norm)"]
     return ["clip_by_norm(grads, norm)"]
