@@ -1,8 +1,9 @@
 """The oracle and the twins checked against mathematics, not against each other: sigmoid focal loss
-(value and gradient) against a 60-digit mpmath evaluation of torchvision's formula (tools/_mp_refs.py)
-at saturated logits, γ in (0, 1] and soft labels, where σ(x) rounds to 1 and a formula written with
-σ(x) − y, x − log σ(x) or 1 − p_t loses every digit. Negative controls: the cancelling formula the
-oracle had, and torchvision's literal one the torch twin had, are flagged."""
+and bce_with_logits (value and gradient) against a 60-digit mpmath evaluation of torchvision's and
+torch's formulas (tools/_mp_refs.py) at saturated logits, γ in (0, 1], soft labels and pos_weight,
+where σ(x) rounds to 1 and a formula written with σ(x) − y, x − log σ(x) or 1 − p_t loses every digit.
+The twins' bce follows torch's formula within its absolute bound (L-BCE-SAT). Negative controls: the
+cancelling formulas the oracle had, and torchvision's literal one the torch twin had, are flagged."""
 
 from __future__ import annotations
 
@@ -148,3 +149,95 @@ def test_negative_control_a_cancelling_formula_is_flagged() -> None:
     assert worst(_cancelling_focal, [(3.0, 1.0), (0.5, 0.3)], 0.5, 0.25) <= REL  # fine where nothing cancels
     assert worst(_cancelling_focal, [(40.0, 1.0)], 0.5, 0.25) > 0.1  # σ(40) = 1: the −q·q^γ term is lost
     assert worst(_cancelling_focal, [(-45.0, 0.0)], 0.5, 0.25) > 0.1  # x − log σ(x) cancels to 0
+
+
+# --- bce_with_logits -------------------------------------------------------------------------------
+BCE_POINTS = [(-40.0, 0.0), (-30.0, 0.0), (-745.0, 0.0), (-20.0, 0.3), (30.0, 1.0), (40.0, 0.7), (700.0, 1.0),
+              (0.5, 0.3), (-3.0, 1.0), (3.0, 0.0), (1e-9, 0.5)]
+
+
+def bce_worst(bce: Callable[..., Any], points: list[tuple[float, float]], pos_weight: float = 1.0) -> float:
+    """The largest relative error of `bce` (the oracle's signature) over value and gradient against mpmath.
+
+    Where 0 < y < 1 the gradient (1 − y)·σ(x) − pw·y·σ(−x) is itself a difference, which vanishes at
+    σ(x) ≈ y: there its terms' own rounding (u each) bounds what float64 can give, so an error within
+    4u of the larger term counts as exact (0 < y < 1 only; at y = 0 or 1 it is one term)."""
+    x, y = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    spec = LossSpec(name="bce_with_logits", pos_weight=None if pos_weight == 1.0 else pos_weight)
+    ell, _, grad = bce(spec, x, y, None)
+    dx = grad(np.ones(len(points)))
+    u = np.finfo(np.float64).eps / 2
+    out = 0.0
+    for i, (xi, yi) in enumerate(points):
+        value, slope = mp_refs.bce_with_logits(xi, yi, pos_weight)
+        with mp.workdps(40):
+            terms = max((1 - yi) / (1 + mp.exp(-xi)), pos_weight * yi / (1 + mp.exp(xi)))
+        for got, want, floor in ((ell[i], value, 0), (dx[i], slope, 4 * u * terms if 0 < yi < 1 else 0)):
+            err = abs(mp.mpf(float(got)) - want)
+            if abs(want) >= np.finfo(np.float64).tiny and err > floor:  # a normal float64: relative error counts
+                out = max(out, float(err / abs(want)))
+    return out
+
+
+@pytest.mark.parametrize("pos_weight", [1.0, 0.5, 3.0])
+def test_bce_at_saturated_logits(pos_weight: float) -> None:
+    assert bce_worst(oracle._bce_with_logits, BCE_POINTS, pos_weight) <= REL
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(x=st.floats(-700, 700), y=st.sampled_from([0.0, 1.0, 0.25, 0.7]), pos_weight=st.sampled_from([1.0, 0.5, 3.0]))
+def test_bce_anywhere(x: float, y: float, pos_weight: float) -> None:
+    assert bce_worst(oracle._bce_with_logits, [(x, y)], pos_weight) <= REL
+
+
+def _torch_formula_bce(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: Any) -> Any:
+    # the oracle's earlier formula, torch's: (1 − y)·x − coef·log σ(x), gradient (1 − y) − coef·σ(−x)
+    pw = 1.0 if spec.pos_weight is None else spec.pos_weight
+    coef = 1 + (pw - 1) * y
+    dx = (1 - y) - coef * np.exp(log_sigmoid(-x))
+    return (1 - y) * x - coef * log_sigmoid(x), np.ones(x.shape), lambda u: dx * u
+
+
+def test_negative_control_the_cancelling_bce_formula_is_flagged() -> None:
+    assert bce_worst(_torch_formula_bce, [(0.5, 0.3), (-3.0, 1.0)]) <= REL  # fine where nothing cancels
+    assert bce_worst(_torch_formula_bce, [(-40.0, 0.0)]) >= 1.0  # x − log σ(x) = 0, not e^−40
+    assert bce_worst(_torch_formula_bce, [(-30.0, 0.0)]) > 1e-4  # 1 − σ(30) in the gradient
+
+
+def twin_bce(framework: str, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+    """A twin's element-wise bce_with_logits and its gradient (autodiff), as float64 NumPy arrays."""
+    spec = LossSpec(name="bce_with_logits")
+    if framework == "torch":
+        import torch
+
+        from ref_torch.losses import elementwise
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        ell, _ = elementwise(spec, xt, torch.tensor(y, dtype=xt.dtype))
+        ell.sum().backward()
+        return ell.detach().numpy(), xt.grad.numpy()
+    import jax
+    import jax.numpy as jnp
+
+    from ref_jax.losses import elementwise
+    with jax.enable_x64(True):
+        xj, yj = jnp.asarray(x), jnp.asarray(y)
+        grad = jax.grad(lambda a: elementwise(spec, a, yj)[0].sum())(xj)
+        return np.asarray(elementwise(spec, xj, yj)[0], np.float64), np.asarray(grad, np.float64)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_twins_bce_follow_torchs_formula_within_its_absolute_bound(framework: str) -> None:
+    """The twins compute torch's (1 − y)·x − log σ(x) (L-BCE-SAT): relative error ≤ 1e-13 where nothing
+    cancels; at saturated logits the value and gradient carry an absolute error ≤ u·(|x| + 2), the size
+    of the terms that cancel (u = 2^−53), never a NaN or infinity."""
+    pts = [p for p in BCE_POINTS if abs(p[0]) < 700]
+    x, y = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    ell, dx = twin_bce(framework, x, y)
+    u = np.finfo(np.float64).eps / 2
+    for i, (xi, yi) in enumerate(pts):
+        value, slope = mp_refs.bce_with_logits(xi, yi)
+        for got, want in ((ell[i], value), (dx[i], slope)):
+            err = abs(mp.mpf(float(got)) - want)
+            assert np.isfinite(got) and (err <= 1e-13 * abs(want) or err <= u * (abs(xi) + 2)), (xi, yi, got, want)
+    value, _ = mp_refs.bce_with_logits(-40.0, 0.0)
+    assert ell[0] == 0.0 and float(value) > 4e-18  # measured: torch's formula loses e^−40 entirely

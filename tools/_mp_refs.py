@@ -6,6 +6,8 @@ formula (tests/test_oracle_edges.py checks the oracle with them; gen_loss_edge_c
   ce = −y·log p − (1 − y)·log(1 − p), written as torchvision writes it (1 − p by subtraction) with
   enough digits that the subtraction loses none: DIGITS plus the |x|/ln 10 digits that 1 − σ(x) ≈ e^−|x|
   cancels; its derivative in x by mpmath's numerical differentiation at the same precision.
+- `bce_with_logits`: torch's BCEWithLogitsLoss, (1 − y)·x − (1 + (pw − 1)·y)·log σ(x), as written, with
+  the digits that x − log σ(x) ≈ e^x cancels at x ≪ 0; its derivative the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ def sigmoid_focal(x: float, y: float, gamma: float, alpha: float) -> tuple[Any, 
             at = 1 if alpha < 0 else alpha * y + (1 - alpha) * (1 - y)
             ce = -(y * mp.log(s) + (1 - y) * mp.log(1 - s))
             return at * m ** mp.mpf(gamma) * ce
+
+        xm = mp.mpf(x)
+        return loss(xm), mp.diff(loss, xm)
+
+
+def bce_with_logits(x: float, y: float, pos_weight: float = 1.0) -> tuple[Any, Any]:
+    """torch's binary_cross_entropy_with_logits and its derivative in x, each to DIGITS significant digits."""
+    with mp.workdps(DIGITS + int(abs(x) / 2.302585) + 1):
+        def loss(t: Any) -> Any:
+            return (1 - y) * t - (1 + (pos_weight - 1) * y) * mp.log(1 / (1 + mp.exp(-t)))
 
         xm = mp.mpf(x)
         return loss(xm), mp.diff(loss, xm)

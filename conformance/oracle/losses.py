@@ -115,13 +115,15 @@ def _nll(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
 
 
 def _bce_with_logits(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None):
-    """ℓ = w·[(1−y)·x − (1 + (pw−1)·y)·log σ(x)]"""
+    """ℓ = w·[(1−y)·x − (1 + (pw−1)·y)·log σ(x)] = w·[(1−y)·softplus(x) + pw·y·softplus(−x)]
+    dℓ/dx = w·[(1−y)·σ(x) − pw·y·σ(−x)]"""
+    # the second forms add two non-negative terms: (1−y)·x − log σ(x) cancels to 0 at x ≪ 0 (true
+    # value e^x) and 1 − σ(−x) in the gradient at x ≫ 0; torch computes the first (docs/divergences.md L-BCE-SAT)
     pw = 1.0 if spec.pos_weight is None else np.asarray(spec.pos_weight, np.float64)  # broadcast as torch
     wt = np.ones_like(x) if w is None else np.broadcast_to(w, x.shape)
-    coef = 1 + (pw - 1) * y
-    ell = wt * ((1 - y) * x - coef * log_sigmoid(x))
-    # d/dx: (1−y) − (1 + (pw−1)y)·σ(−x), since d log σ(x)/dx = σ(−x)
-    dx = wt * ((1 - y) - coef * np.exp(log_sigmoid(-x)))
+    ell = wt * ((1 - y) * np.logaddexp(0.0, x) + pw * y * np.logaddexp(0.0, -x))
+    ell = np.where(np.isneginf(x), np.nan, ell)  # torch's value at a −inf logit, for every target (L-NEGINF)
+    dx = wt * ((1 - y) * np.exp(log_sigmoid(x)) - pw * y * np.exp(log_sigmoid(-x)))
     return ell, np.ones(x.shape), lambda u: dx * u
 
 
