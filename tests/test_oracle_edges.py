@@ -3,7 +3,8 @@ and bce_with_logits (value and gradient) against a 60-digit mpmath evaluation of
 torch's formulas (tools/_mp_refs.py) at saturated logits, γ in (0, 1], soft labels and pos_weight,
 where σ(x) rounds to 1 and a formula written with σ(x) − y, x − log σ(x) or 1 − p_t loses every digit.
 The twins' bce follows torch's formula within its absolute bound (L-BCE-SAT). Negative controls: the
-cancelling formulas the oracle had, and torchvision's literal one the torch twin had, are flagged."""
+cancelling formulas the oracle had, and torchvision's literal one the torch twin had, are flagged.
+cross_entropy with class indices: the oracle's log-softmax keeps a dominant class's log p ≈ −Σ e^(x_c − x_y)."""
 
 from __future__ import annotations
 
@@ -241,3 +242,41 @@ def test_twins_bce_follow_torchs_formula_within_its_absolute_bound(framework: st
             assert np.isfinite(got) and (err <= 1e-13 * abs(want) or err <= u * (abs(xi) + 2)), (xi, yi, got, want)
     value, _ = mp_refs.bce_with_logits(-40.0, 0.0)
     assert ell[0] == 0.0 and float(value) > 4e-18  # measured: torch's formula loses e^−40 entirely
+
+
+# --- cross_entropy (class indices) -----------------------------------------------------------------
+CE_ROWS = [([40.0, 0.0, -3.0], 0), ([0.0, 40.0, -3.0], 1), ([-3.0, 0.5, 60.0, 59.0], 2), ([1.0, 2.0, 3.0], 0),
+           ([5.0, 5.0, -30.0], 1), ([0.1, 0.2, 0.3], 2), ([-700.0, 0.0], 1), ([38.0, 0.0], 1)]
+
+
+def ce_worst(rows: list[tuple[list[float], int]]) -> float:
+    """The largest relative error of the oracle's cross_entropy over value and gradient, against mpmath."""
+    out = 0.0
+    for x, y in rows:
+        ell, _, grad = oracle._cross_entropy(LossSpec(name="cross_entropy"), np.array([x]), np.array([y]), None)
+        dx = grad(np.ones(1))[0]
+        value, slope = mp_refs.cross_entropy(x, y)
+        for got, want in ((ell[0], value), *zip(dx, slope)):
+            if abs(want) >= np.finfo(np.float64).tiny:
+                out = max(out, float(abs((mp.mpf(float(got)) - want) / want)))
+    return out
+
+
+def test_cross_entropy_with_a_dominant_class() -> None:
+    assert ce_worst(CE_ROWS) <= REL
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(x=st.lists(st.floats(-60, 60), min_size=2, max_size=5), data=st.data())
+def test_cross_entropy_anywhere(x: list[float], data: Any) -> None:
+    assert ce_worst([(x, data.draw(st.integers(0, len(x) - 1)))]) <= REL
+
+
+def test_negative_control_a_cancelling_log_softmax_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    def cancelling(x: np.ndarray) -> np.ndarray:  # the oracle's earlier form: x − (m + log Σ exp(x − m))
+        top = x.max(axis=-1, keepdims=True)
+        return x - (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))
+
+    monkeypatch.setattr(oracle, "log_softmax", cancelling)
+    assert ce_worst([([1.0, 2.0, 3.0], 0)]) <= REL  # fine where nothing cancels
+    assert ce_worst([([40.0, 0.0, -3.0], 0)]) >= 1.0  # log p = 0, not −e^−40

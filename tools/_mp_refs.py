@@ -6,6 +6,8 @@ formula (tests/test_oracle_edges.py checks the oracle with them; gen_loss_edge_c
   ce = −y·log p − (1 − y)·log(1 − p), written as torchvision writes it (1 − p by subtraction) with
   enough digits that the subtraction loses none: DIGITS plus the |x|/ln 10 digits that 1 − σ(x) ≈ e^−|x|
   cancels; its derivative in x by mpmath's numerical differentiation at the same precision.
+- `cross_entropy`: −log softmax(x)_y for one row of logits and a class index, and its gradient
+  softmax(x) − onehot(y), at DIGITS plus the digits a dominant class's log Σ exp cancels.
 - `bce_with_logits`: torch's BCEWithLogitsLoss, (1 − y)·x − (1 + (pw − 1)·y)·log σ(x), as written, with
   the digits that x − log σ(x) ≈ e^x cancels at x ≪ 0; its derivative the same way.
 """
@@ -41,3 +43,13 @@ def bce_with_logits(x: float, y: float, pos_weight: float = 1.0) -> tuple[Any, A
 
         xm = mp.mpf(x)
         return loss(xm), mp.diff(loss, xm)
+
+
+def cross_entropy(x: list[float], y: int) -> tuple[Any, list[Any]]:
+    """−log softmax(x)_y and its gradient in x (softmax − onehot), each to DIGITS significant digits."""
+    spread = max(x) - min(x)
+    with mp.workdps(DIGITS + int(spread / 2.302585) + 1):
+        xs = [mp.mpf(v) for v in x]
+        total = mp.fsum(mp.exp(v) for v in xs)
+        probs = [mp.exp(v) / total for v in xs]
+        return mp.log(total) - xs[y], [p - (1 if c == y else 0) for c, p in enumerate(probs)]

@@ -48,9 +48,13 @@ GradFn = Callable[[np.ndarray], np.ndarray]  # upstream weights u (element shape
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
-    """log p_k = x_k - log Σ_c exp(x_c), over the last axis."""
+    """log p_k = x_k - log Σ_c exp(x_c), over the last axis, as (x_k − m) − log1p(s): m the row's
+    maximum, s = Σ exp(x_c − m) over every class but one maximal one (whose term is exactly 1), so
+    that a dominant class keeps log p ≈ −s instead of cancelling to 0."""
     top = x.max(axis=-1, keepdims=True)
-    return x - (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))
+    e = np.exp(x - top)
+    np.put_along_axis(e, np.argmax(x, axis=-1)[..., None], 0.0, axis=-1)
+    return (x - top) - np.log1p(e.sum(axis=-1, keepdims=True))
 
 
 def log_sigmoid(x: np.ndarray) -> np.ndarray:
@@ -89,9 +93,11 @@ def _cross_entropy(spec: LossSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray |
         ell = ell + (eps / n_classes) * -(wc * logp).sum(-1)
     ell = np.where(valid, ell, 0.0)
 
+    # d(−log p_j)/dz_k = p_k − δ_jk, with p_j − 1 as −Σ_{k≠j} p_k (no cancellation at p_j ≈ 1)
+    p_minus = np.where(onehot == 1, -(p * (1 - onehot)).sum(-1, keepdims=True), p)
+
     def grad(u: np.ndarray) -> np.ndarray:
-        # d(−log p_j)/dz_k = p_k − δ_jk
-        g = (1 - eps) * wy[..., None] * (p - onehot) + (eps / n_classes) * (wc.sum() * p - wc)
+        g = (1 - eps) * wy[..., None] * p_minus + (eps / n_classes) * (wc.sum() * p - wc)
         return np.moveaxis(np.where(valid[..., None], g, 0.0) * u[..., None], -1, cdim)
 
     return ell, wy if w is not None else valid.astype(np.float64), grad
