@@ -98,8 +98,9 @@ def clip_transform(spec: ClipSpec) -> optax.GradientTransformation:
 
 
 def clip_with_norm(spec: ClipSpec, grads: Any, norm: Any) -> Any:
-    """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
-    global-norm rule reuses (no second pass over the gradients)."""
+    """`grads` clipped by spec.mode, by value first when clip_value is set as well (the norm rule then
+    takes the clamped gradients' norm); `norm` is their total norm before clipping, which the
+    global-norm rule reuses (no second pass over the gradients) when nothing was clamped."""
     # pure: new arrays (torch's clip_grad_norm_ computes the norm once too)
     if spec.clip_value is not None and spec.mode != "value":  # by value first, then the norm rule on
         grads = optax.clip(spec.clip_value).update(grads, optax.EmptyState())[0]  # the clamped gradients

@@ -44,8 +44,9 @@ def scale_by_norm(grads: list[Any], norm: Any, spec: ClipSpec) -> None:
 @torch.no_grad()
 def clip_with_norm(spec: ClipSpec, grads: Mapping[str, Any], norm: Any,
                    reduce_norm: Callable[[Any, float], Any] | None = None) -> None:
-    """`grads` clipped by spec.mode; `norm` is their total norm before clipping, which the
-    global-norm rule reuses (no second pass over the gradients)."""
+    """`grads` clipped by spec.mode, by value first when clip_value is set as well (the norm rule then
+    takes the clamped gradients' norm); `norm` is their total norm before clipping, which the
+    global-norm rule reuses (no second pass over the gradients) when nothing was clamped."""
     # In place on `grads` (name -> gradient or None). reduce_norm(norms, p): sharded parameters
     # (FSDP), each parameter's norm over every rank's shard from this rank's, one all-reduce for all
     # of them (clip.per_parameter).

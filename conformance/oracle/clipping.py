@@ -75,19 +75,15 @@ def _clip(spec: ClipSpec, g: dict[str, np.ndarray]) -> dict[str, Any]:
     if spec.error_if_nonfinite and not math.isfinite(n):
         raise NonFiniteError(nonfinite_norm_message(spec, n, first_nonfinite(g)))
     mode = spec.mode
+    # by value first; a norm rule then sees the clamped gradients (torch's two calls)
     clamped = g if spec.clip_value is None else {k: np.clip(v, -spec.clip_value, spec.clip_value) for k, v in g.items()}
     if mode == "value":
         out = clamped
-    elif spec.clip_value is not None:  # by value, then the norm rule on the clamped gradients (torch's two calls)
-        if mode == "global_norm":
-            m = total_norm(clamped, spec.norm_type)
-            out = {k: _scale(v, m, spec) for k, v in clamped.items()}
-        else:
-            out = {k: _scale(v, vector_norm(v, spec.norm_type), spec) for k, v in clamped.items()}
     elif mode == "global_norm":
-        out = {k: _scale(v, n, spec) for k, v in g.items()}
+        m = n if spec.clip_value is None else total_norm(clamped, spec.norm_type)
+        out = {k: _scale(v, m, spec) for k, v in clamped.items()}
     elif mode == "per_parameter":
-        out = {k: _scale(v, vector_norm(v, spec.norm_type), spec) for k, v in g.items()}
+        out = {k: _scale(v, vector_norm(v, spec.norm_type), spec) for k, v in clamped.items()}
     else:
         out = dict(g)
     return {"grads": out, "total_norm": n}

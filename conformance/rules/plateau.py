@@ -48,6 +48,13 @@ def to_json(state: Plateau) -> dict[str, Any]:
             "lrs": [float(x) for x in state.lrs]}
 
 
+def floors(schedule: ScheduleSpec, groups: int) -> list[float]:
+    """min_lr as one floor per parameter group, in group order (a single number applies to all)."""
+    if isinstance(schedule.min_lr, list):
+        return [float(x) for x in schedule.min_lr]
+    return [float(schedule.min_lr or 0.0)] * groups
+
+
 def from_json(data: Any, groups: int, where: str) -> Plateau:
     """Read `to_json`'s form back; CheckpointError naming `where` if it is not that."""
     if not isinstance(data, dict) or set(data) != set(KEYS):

@@ -96,21 +96,21 @@ def _onecycle(spec: ScheduleSpec, base: float) -> Schedule:
                  "optax's onecycle schedules are cosine two-phase or linear three-phase")
 
 
-def plateau(spec: ScheduleSpec, base: float, group: int = 0) -> optax.GradientTransformationExtraArgs:
+def plateau(spec: ScheduleSpec, base: float, floor: float) -> optax.GradientTransformationExtraArgs:
     """optax.contrib.reduce_on_plateau for torch's ReduceLROnPlateau fields (its scale times `base`),
-    for param group `group` (min_lr may give one floor per group)."""
+    for the param group whose lr floor (min_lr) is `floor`."""
     require(spec, "schedule", "mode", ("min",), "optax.contrib.reduce_on_plateau (it minimizes)")
     # optax applies every reduction however small: torch's eps = 0, not its 1e-8 default
     require(spec, "schedule", "eps", (0.0,), "optax.contrib.reduce_on_plateau (no eps: every reduction applies)")
     rel = spec.threshold_mode == "rel"
-    floor = spec.min_lr[group] if isinstance(spec.min_lr, list) else spec.min_lr
     return optax.contrib.reduce_on_plateau(factor=spec.factor, patience=spec.patience,
                                            rtol=spec.threshold if rel else 0.0, atol=0.0 if rel else spec.threshold,
                                            cooldown=spec.cooldown, min_scale=floor / base)
 
 
 def _plateau_values(schedule: ScheduleSpec, bases: list[float], observed: Any, rows: np.ndarray) -> np.ndarray:
-    txs = [plateau(schedule, b, i) for i, b in enumerate(bases)]
+    per_group = schedule.min_lr if isinstance(schedule.min_lr, list) else [schedule.min_lr] * len(bases)
+    txs = [plateau(schedule, b, f) for b, f in zip(bases, per_group)]
     dummy = {"p": jnp.zeros(())}
     out = []
     for b, tx in zip(bases, txs):  # the plateau's update jitted once, stepped on the host as in a training loop

@@ -5,6 +5,7 @@ from __future__ import annotations
 from conformance.config import Config
 from conformance.port.write.common import block, lit
 from conformance.rules.groups import group_base_lrs
+from conformance.rules.plateau import floors
 
 
 def _scale_update(config: Config) -> str:
@@ -210,8 +211,7 @@ def _plateau_code(config: Config, code: str) -> str:
     better = {("min", "rel"): f"metric < best * (1 - {lit(s.threshold)})", ("min", "abs"): f"metric < best - {lit(s.threshold)}",
               ("max", "rel"): f"metric > best * (1 + {lit(s.threshold)})", ("max", "abs"): f"metric > best + {lit(s.threshold)}"}
     worst = "math.inf" if s.mode == "min" else "-math.inf"
-    groups = len(group_base_lrs(config.optimizer))
-    floors = s.min_lr if isinstance(s.min_lr, list) else [s.min_lr] * groups  # one floor per group
+    per_group = floors(s, len(group_base_lrs(config.optimizer)))
     return code + "\n\n\n" + block(f'''
         class Plateau(NamedTuple):
             """reduce_on_plateau's state: torch's ReduceLROnPlateau attributes, each group's lr (float64)."""
@@ -235,7 +235,7 @@ def _plateau_code(config: Config, code: str) -> str:
                 cooldown, bad = cooldown - 1, 0
             if bad <= {s.patience}:
                 return state, Plateau(best, bad, cooldown, lrs)
-            lower = [max(old * {lit(s.factor)}, floor) for old, floor in zip(lrs, {lit(floors)})]
+            lower = [max(old * {lit(s.factor)}, floor) for old, floor in zip(lrs, {lit(per_group)})]
             lrs = tuple(new if old - new > {lit(s.eps)} else old for old, new in zip(lrs, lower))
             hyper = {{**state.opt_state.hyperparams, **{{f"lr_{{i}}": jnp.asarray(x, PARAM_DTYPE) for i, x in enumerate(lrs)}}}}
             state = state._replace(opt_state=state.opt_state._replace(hyperparams=hyper))
