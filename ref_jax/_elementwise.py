@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ref_jax import _schedule_free
+from ref_jax import _ademamix, _schedule_free
 from ref_jax._kernels import cast_like, coef, decay, float_count, lerp, prepare, zeros
 from ref_jax._matrix import adafactor_init, adafactor_update, muon_init, muon_update
 
@@ -337,6 +337,7 @@ LEAVES: dict[str, tuple[Init, Update]] = {
     "adafactor": (adafactor_init, adafactor_update),
     "muon": (muon_init, muon_update),
     **_schedule_free.OPTIMIZERS,
+    **_ademamix.OPTIMIZERS,
 }
 
 

@@ -17,7 +17,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from conformance.config.optimizer import OptimizerSpec
 from conformance.rules.groups import ParamGroup, resolve_groups
-from ref_torch import _elementwise, _muon, _schedule_free
+from ref_torch import _ademamix, _elementwise, _muon, _schedule_free
 
 # torch state key -> neutral name, per optimizer
 STATE_NAMES: dict[str, dict[str, str]] = {
@@ -35,6 +35,7 @@ STATE_NAMES: dict[str, dict[str, str]] = {
     "schedule_free_adamw": {"step": "step", "z": "z", "exp_avg_sq": "v", "weight_sum": "weight_sum",
                             "lr_max": "lr_max"},
     "schedule_free_sgd": {"step": "step", "z": "z", "weight_sum": "weight_sum", "lr_max": "lr_max"},
+    "ademamix": {"step": "step", "exp_avg_fast": "m", "exp_avg_slow": "m_slow", "exp_avg_sq": "v"},
 }
 STATE_NAMES["adamw"] = STATE_NAMES["adam"]
 
@@ -74,8 +75,9 @@ def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[.
     """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
     if name == "lion":
         return _elementwise.Lion, set()
-    if name in _schedule_free.OPTIMIZERS:
-        return _schedule_free.OPTIMIZERS[name], set()
+    for private in (_ademamix, _schedule_free):
+        if name in private.OPTIMIZERS:
+            return private.OPTIMIZERS[name], set()
     decoupled = any(g.get("decoupled_weight_decay") for g in groups)
     if name in ("adam", "adamw"):
         if any(g["eps_root"] != 0 or g["eps_hat"] or (g["amsgrad"] and g["amsgrad_variant"] != "torch")

@@ -2,8 +2,9 @@
 mutants over the oracle's equations, and bugs planted in the twins) that the bundled cases generated
 from torch, Keras, schedulefree and torch's AveragedModel must catch — decoupled decay applied after
 the step or as L2, eps_hat without its √(1−β2ᵗ) factor or ignored, Keras's Nadam with torch's
-momentum schedule, schedule-free without its warm-up or its lr-weighted average, and the weights'
-EMA from zeros, every update, or debiased as optax.ema."""
+momentum schedule, schedule-free without its warm-up or its lr-weighted average, the weights'
+EMA from zeros, every update, or debiased as optax.ema, and AdEMAMix with optax's schedule count, without
+its slow EMA or without its decay."""
 
 from __future__ import annotations
 
@@ -80,7 +81,23 @@ def _ema_every_update(decay: float) -> Callable[[dict], dict]:
     return rewrite
 
 
+_ALPHA, _BETA3 = oracle.ademamix_alpha, oracle.ademamix_beta3
+
+
+def _warmups_one_count_behind(o, hp, p, g, s, dtype, real):  # optax.contrib's count_m2 (AD-COUNT)
+    with mock.patch.object(oracle, "ademamix_alpha", lambda hp, t: _ALPHA(hp, t - 1)), \
+            mock.patch.object(oracle, "ademamix_beta3", lambda hp, t: _BETA3(hp, t - 1)):
+        return real(o, hp, p, g, s, dtype)
+
+
+ADEMAMIX = ["optimizer/optax-ademamix-open", "optimizer/optax-ademamix-closed"]
 MUTANTS: dict[str, tuple[PatchedBackend, list[str]]] = {
+    "ademamix warm-ups at optax's count (one behind t)": (_mutant("warm-ups behind", _warmups_one_count_behind), [
+        "optimizer/optax-ademamix-warmup", "optimizer/optax-ademamix-beta1-zero"]),
+    "ademamix without its slow EMA (alpha 0)": (_mutant("no slow EMA", _set("alpha", 0.0, lambda o, hp: o == "ademamix")),
+                                                 [*ADEMAMIX, "optimizer/optax-ademamix-warmup"]),
+    "ademamix without weight decay": (_mutant("no decay", _set("weight_decay", 0.0, lambda o, hp: o == "ademamix")),
+                                      ["optimizer/optax-ademamix-closed", "optimizer/optax-ademamix-warmup"]),
     "decoupled decay after the step": (_mutant("decay after", _decay_after_step), [
         "optimizer/torch-sgd-decoupled", "optimizer/torch-rmsprop-decoupled", "optimizer/torch-adagrad-decoupled",
         "optimizer/torch-adamax-decoupled", "optimizer/keras-sgd-weight-decay", "optimizer/keras-rmsprop-weight-decay"]),

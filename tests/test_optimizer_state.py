@@ -19,7 +19,9 @@ from ref_torch import optimizers as to
 
 OPTIONS = {"sgd": {"momentum": 0.9, "dampening": 0.2}, "adam": {"amsgrad": True}, "rmsprop": {"centered": True, "momentum": 0.5},
            "adagrad": {"lr_decay": 0.1}, "nadam": {"weight_decay": 0.1}, "muon": {"ns_dtype": "float64"},
-           "adafactor": {"weight_decay": 0.1}}
+           "adafactor": {"weight_decay": 0.1},
+           # warm-ups crossing the reload after 3 updates, counted per parameter (b misses update 1)
+           "ademamix": {"alpha": 5.0, "alpha_warmup": 4, "beta3_warmup": 5, "weight_decay": 0.1}}
 SHAPES = {"w": (3, 2), "k": (2, 2, 3), "b": (2,)}
 
 

@@ -276,3 +276,33 @@ def test_optax_schedule_free_evaluates_its_schedule_one_count_ahead() -> None:
     assert float(np.max(np.abs(_optax_schedule_free(3, shifted=True) - package))) < 1e-14
     _, p0, _ = _schedulefree("AdamWScheduleFree", NORMAL[:8], lr=0.05, weight_decay=0.1)
     assert float(np.max(np.abs(_optax_schedule_free(0) - p0.detach().numpy()))) < 1e-14
+
+
+def test_optax_ademamix_reads_its_schedules_one_count_behind_the_reference() -> None:
+    """AD-COUNT: optax.contrib.ademamix calls its alpha schedule with the count before the update
+    (0 first). A linear ramp of that count gives α = 0 at update 0, which is then optax.adam's
+    update exactly; apple/ml-ademamix's torch class ramps over t = count + 1, so its first update
+    adds α/T·(1 − β3)·g over Adam's denominator (hand calculation), as twinstep's oracle does."""
+    from conformance.config import load_config
+    from conformance.oracle.optimizers import init_state, update
+
+    g, lr, alpha, warmup, b3 = NORMAL[0], 0.1, 8.0, 4, 0.999
+    with jax.enable_x64(True):
+        p0 = jnp.zeros(10)
+
+        def first(alpha_of_count) -> np.ndarray:
+            tx = optax.contrib.ademamix(lr, 0.9, 0.999, b3, alpha_of_count)
+            return np.asarray(tx.update(jnp.asarray(g), tx.init(p0), p0)[0])
+
+        adam = np.asarray(optax.adam(lr).update(jnp.asarray(g), optax.adam(lr).init(p0), p0)[0])
+        behind = first(lambda c: jnp.where(c < warmup, c / warmup * alpha, alpha))
+        ahead = first(lambda c: jnp.where(c + 1 < warmup, (c + 1.0) / warmup * alpha, alpha))
+    denom = np.abs(g) + 1e-8  # √v̂ + ε at update 0
+    reference = -lr * (g / denom + alpha / warmup * (1 - b3) * g / denom)
+    np.testing.assert_allclose(behind, adam, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(ahead, reference, rtol=1e-13, atol=0)
+    assert float(np.max(np.abs(behind - reference))) > 1e-4  # the offset is visible at update 0
+    hp = load_config({"optimizer": {"name": "ademamix", "lr": lr, "alpha": alpha, "alpha_warmup": warmup,
+                                    "beta3": b3}}).optimizer.overrides()
+    oracle, _ = update("ademamix", hp, np.zeros(10), g, init_state("ademamix", hp, np.zeros(10)))
+    np.testing.assert_allclose(oracle, reference, rtol=1e-13, atol=0)

@@ -98,6 +98,11 @@ DESCRIPTIONS = {
     "schedule-free-adamw": {"schedule_free_adamw": {"learning_rate": 0.01, "weight_decay": 0.1, "b1": 0.8}},
     "schedule-free-sgd": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
                                     {"schedule_free_sgd": {"learning_rate": 0.1, "weight_lr_power": 1.0}}]},
+    "ademamix": {"ademamix": {"learning_rate": 0.01, "b3": 0.99, "alpha": 3.0, "weight_decay": 0.1}},
+    "ademamix-chain-schedule": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
+                                          {"scale_by_ademamix": {"b1": 0.8, "b3": 0.95}},
+                                          {"add_decayed_weights": {"weight_decay": 0.05}},
+                                          {"scale_by_learning_rate": {"learning_rate": WARMUP_COSINE}}]},
     "clip-value-then-norm": {"chain": [{"clip": {"max_delta": 0.3}}, {"clip_by_global_norm": {"max_norm": 0.5}},
                                        {"adam": {"learning_rate": 0.05}}]},
 }
@@ -178,6 +183,13 @@ def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> Non
     ({"fromage": {"learning_rate": 0.1}}, UnsupportedError, "twinstep reads the optax transforms"),
     ({"chain": [{"clip_by_global_norm": {"max_norm": 1.0}}, {"clip": {"max_delta": 0.3}}, {"sgd": {"learning_rate": 0.1}}]},
      UnsupportedError, "a second clipping transform; twinstep clips once, or by value then by norm"),
+    ({"ademamix": {"learning_rate": 0.1, "alpha": {"linear_schedule": {"init_value": 0.0, "end_value": 5.0,
+                                                                        "transition_steps": 10}}}},
+     UnsupportedError, "ademamix.alpha: optax.contrib.ademamix calls its alpha schedule with the count before"),
+    ({"ademamix": {"learning_rate": 0.1, "eps_root": 1e-8}}, UnsupportedError, "eps_root = 1e-08 has no spec field"),
+    ({"chain": [{"add_decayed_weights": {"weight_decay": 0.1}}, {"scale_by_ademamix": {}},
+                {"scale_by_learning_rate": {"learning_rate": 0.1}}]},
+     UnsupportedError, "weight decay before scale_by_ademamix has no spec field"),
 ])
 def test_what_the_spec_cannot_express_is_refused_in_one_line(table: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words) as info:

@@ -37,9 +37,10 @@ CONFIGS = {**{k: _config(v, no_decay=k.startswith(("adamw", "lion"))) for k, v i
                                           "fallback": {"name": "adamw", "lr": 0.01}})}
 CARRIES = {"lion": ("Lion", "Foreach"), "adam-eps-root": ("AdamVariants",), "rmsprop-decoupled": ("RMSpropEpsInSqrt",),
            "sgd-decoupled": ("DecoupledSGD", "DecoupledDecay"), "nadam": ("_float64_mu_product",),
-           "muon-float64": ("FloatMuon", "MuonWithFallback", "newton_schulz"), "muon-bfloat16": ("MuonWithFallback",)}
+           "muon-float64": ("FloatMuon", "MuonWithFallback", "newton_schulz"), "muon-bfloat16": ("MuonWithFallback",),
+           "ademamix-warmups": ("AdEMAMix", "alpha_at", "beta3_at", "Foreach")}
 PIECES = ("Lion", "AdamVariants", "RMSpropEpsInSqrt", "AdagradEpsInSqrt", "FloatMuon", "MuonWithFallback",
-          "_float64_mu_product", "DecoupledSGD", "DecoupledRMSprop", "DecoupledAdagrad", "DecoupledAdamax")
+          "_float64_mu_product", "DecoupledSGD", "DecoupledRMSprop", "DecoupledAdagrad", "DecoupledAdamax", "AdEMAMix")
 
 
 def _definitions(text: str) -> dict[str, str]:
@@ -97,7 +98,8 @@ def test_the_check_flags_a_diverging_copy_and_passes_a_clean_snippet() -> None:
 def _namespace(names: tuple[str, ...] = PIECES) -> dict:
     """The carried code executed on its own (imports and sources), as a snippet runs it."""
     carried = torch_parts.carried(list(names))
-    code = "\n".join(["import torch", *torch_parts.import_lines(carried.imports), *carried.sources])
+    code = "\n".join([*(f"import {m}" for m in sorted(torch_parts.SNIPPET_IMPORTS)),  # as the snippet's header
+                      *torch_parts.import_lines(carried.imports), *carried.sources])
     ns: dict = {"__name__": "carried"}
     exec(compile(code, "carried", "exec"), ns)  # noqa: S102 - the carried code under test
     return ns

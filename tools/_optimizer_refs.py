@@ -171,6 +171,32 @@ def run_schedulefree(spec: dict[str, Any], params: dict[str, Any], grads: list[d
     return out_p, out_s
 
 
+def ademamix_schedules(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """apple/ml-ademamix's warm-ups (pytorch/ademamix.py: linear_hl_warmup_scheduler for β3 from β1,
+    linear_warmup_scheduler for α from 0, both at the parameter's step t after its increment, and
+    f(β) = ln 0.5 / ln(β + 1e-8) − 1) as callables of optax's count, which optax.contrib.ademamix
+    evaluates before its increment: t = count + 1."""
+    import jax.numpy as jnp
+
+    b1, b3, alpha = spec.get("betas", (0.9, 0.999))[0], spec.get("beta3", 0.9999), spec.get("alpha", 2.0)
+    tb, ta = spec.get("beta3_warmup", 0), spec.get("alpha_warmup", 0)
+
+    def f(beta: float) -> Any:
+        return jnp.log(0.5) / jnp.log(beta + 1e-8) - 1
+
+    def b3_at(count: Any) -> Any:
+        step = jnp.asarray(count, jnp.float64) + 1
+        a = step / max(tb, 1)
+        return jnp.where(step < tb, jnp.power(0.5, 1 / ((1.0 - a) * f(b1) + a * f(b3) + 1)), b3)
+
+    def alpha_at(count: Any) -> Any:
+        step = jnp.asarray(count, jnp.float64) + 1
+        a = step / max(ta, 1)
+        return jnp.where(step < ta, (1.0 - a) * 0.0 + a * alpha, alpha)
+
+    return b3_at, alpha_at
+
+
 def optax_transform(spec: dict[str, Any]) -> Any:
     """optax's own optimizer for the optax-semantics specs (one group, constant hyper-parameters)."""
     import jax.numpy as jnp
@@ -180,6 +206,9 @@ def optax_transform(spec: dict[str, Any]) -> Any:
     b1, b2 = spec.get("betas", (0.9, 0.999 if name != "lion" else 0.99))
     if name == "lion":
         return optax.lion(lr, b1, b2, weight_decay=wd)
+    if name == "ademamix":
+        b3_at, alpha_at = ademamix_schedules(spec)
+        return optax.contrib.ademamix(lr, b1, b2, b3_at, alpha_at, eps=spec.get("eps", 1e-8), weight_decay=wd)
     if name == "rmsprop":
         tx = optax.rmsprop(lr, decay=spec.get("alpha", 0.99), eps=spec.get("eps", 1e-8), eps_in_sqrt=True,
                            centered=spec.get("centered", False), momentum=spec.get("momentum") or None)
@@ -221,6 +250,8 @@ def run_optax(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
              "sum_of_squares": "sum"}
     if spec["name"] == "rmsprop":
         names = {"nu": "square_avg", "mu": "grad_avg"}
+    if spec["name"] == "ademamix":
+        names = {"m1": "m", "m2": "m_slow", "nu": "v"}
     with jax.enable_x64(True):
         tx = optax_transform(spec)
         p = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}

@@ -233,6 +233,17 @@ def bundled() -> list[dict[str, Any]]:
     add("optax-nadamw", {"name": "nadam", "lr": 0.02, "momentum_schedule": False, "decoupled_weight_decay": True,
                          "weight_decay": 0.1}, "open", reference="optax", note="optax.nadamw")
     wave2(add)
+    # AdEMAMix: optax.contrib.ademamix with apple/ml-ademamix's torch warm-ups (tools/_optimizer_refs.py)
+    add("optax-ademamix-open", {"name": "ademamix", "lr": 0.01}, "open", reference="optax",
+        note="optax.contrib.ademamix, apple/ml-ademamix's defaults (alpha 2, beta3 0.9999)")
+    add("optax-ademamix-closed", {"name": "ademamix", "lr": 0.1, "alpha": 5.0, "beta3": 0.999, "weight_decay": 0.1},
+        "objective", reference="optax", n=6, note="decay added to the update before the lr")
+    add("optax-ademamix-warmup", {"name": "ademamix", "lr": 0.05, "alpha": 8.0, "alpha_warmup": 4, "beta3_warmup": 5,
+                                  "weight_decay": 0.05}, "open", reference="optax", n=6,
+        note="both warm-ups end inside the run (t = 4 and 5): the reference's schedules at t = count + 1")
+    add("optax-ademamix-beta1-zero", {"name": "ademamix", "lr": 0.02, "betas": [0.0, 0.99], "beta3": 0.99,
+                                      "beta3_warmup": 3, "eps": 1e-6}, "objective", reference="optax", n=5,
+        note="beta1 = 0: the beta3 warm-up starts from f(0 + 1e-8)")
     for c in cases:
         c.pop("path")
         if c["reference"] == "optax" and c["spec"]["name"] in ("rmsprop", "nadam"):

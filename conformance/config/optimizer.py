@@ -44,6 +44,12 @@ the average x = (y − (1−β)·z)/β (conformance/oracle/optimizers.py has the
 switch to x before evaluating or saving and back after, as the package's optimizer.eval() /
 train() document).
 
+AdEMAMix (`ademamix`, Pagliardini et al. 2024, apple/ml-ademamix's torch class and names: its
+betas (β1, β2, β3) are `betas` and `beta3` here, its None warm-ups 0): Adam's fast EMA plus a slow
+EMA m_slow with β3, mixed as (m̂ + α·m_slow)/(√v̂ + ε), decoupled decay; `alpha_warmup` ramps α
+linearly from 0 and `beta3_warmup` ramps β3 from β1 linearly in the EMA's half-life, both over the
+parameter's update count t (1 at the first update; the oracle has the equations).
+
 Muon only updates 2-D parameters: every other parameter, and 2-D ones matched by
 `fallback_params`, is updated by `[optimizer.fallback]` (default: AdamW with torch's defaults), the
 usual set-up for biases, norms, embeddings and heads. `conformance.rules.groups` turns the groups into
@@ -70,7 +76,7 @@ from conformance.config.base import (
 
 OptimizerName = Literal[
     "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam", "lion", "adafactor", "muon",
-    "schedule_free_adamw", "schedule_free_sgd",
+    "schedule_free_adamw", "schedule_free_sgd", "ademamix",
 ]
 OPTIMIZER_NAMES: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
 
@@ -107,11 +113,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                             "r": 0.0, "weight_lr_power": 2.0},
     "schedule_free_sgd": {"lr": 1.0, "momentum": 0.9, "weight_decay": 0.0, "warmup_steps": 0, "r": 0.0,
                           "weight_lr_power": 2.0},
+    # apple/ml-ademamix's AdEMAMix (the paper's reference): betas[2] is beta3, None warm-ups are 0
+    "ademamix": {"lr": 1e-3, "betas": _BETAS, "beta3": 0.9999, "alpha": 2.0, "beta3_warmup": 0,
+                 "alpha_warmup": 0, "eps": 1e-8, "weight_decay": 0.0, "maximize": False},
 }
 
 SCHEDULE_FREE: tuple[str, ...] = ("schedule_free_adamw", "schedule_free_sgd")
 # weight decay that is p ← p·(1 − lr·wd) before the step whatever the config says
-ALWAYS_DECOUPLED: tuple[str, ...] = ("adamw", "lion", "adafactor", "muon")
+ALWAYS_DECOUPLED: tuple[str, ...] = ("adamw", "lion", "adafactor", "muon", "ademamix")
 
 HYPERPARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for d in DEFAULTS.values() for k in d))
 
@@ -123,7 +132,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
 # Float hyper-parameters a running optimizer may change between updates (torch: param_group[k]);
 # JAX keeps them as arrays in the optimizer state so that changing them never recompiles.
 DYNAMIC: tuple[str, ...] = ("lr", "weight_decay", "momentum", "dampening", "betas", "eps", "alpha",
-                            "lr_decay", "momentum_decay", "beta2_decay", "d")
+                            "lr_decay", "momentum_decay", "beta2_decay", "d", "beta3")
 
 
 def _eps(value: Any) -> Any:
@@ -151,7 +160,7 @@ class _Hyper(Section):
     decoupled_weight_decay: bool | None = None
     eps_root: NonNegative | None = None
     amsgrad_variant: Literal["torch", "optax", "optax_raw"] | None = None
-    alpha: UnitClosed | None = None
+    alpha: NonNegative | None = None  # rmsprop's smoothing constant (checked in [0, 1]) or AdEMAMix's mix
     centered: bool | None = None
     eps_in_sqrt: bool | None = None
     lr_decay: NonNegative | None = None
@@ -168,6 +177,9 @@ class _Hyper(Section):
     warmup_steps: IntIn(0) | None = None
     r: NonNegative | None = None
     weight_lr_power: NonNegative | None = None
+    beta3: UnitHalfOpen | None = None
+    beta3_warmup: IntIn(0) | None = None
+    alpha_warmup: IntIn(0) | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -305,6 +317,9 @@ def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str |
     if name == "schedule_free_sgd" and not 0.0 < hp.get("momentum", 0.9) < 1.0:
         fail("momentum", f"must be in (0, 1) for schedule_free_sgd (schedulefree.SGDScheduleFree); "
                          f"received {hp['momentum']}")
+    if name == "rmsprop" and "alpha" in hp and not 0.0 <= hp["alpha"] <= 1.0:
+        fail("alpha", f"must be in [0, 1] for rmsprop (the smoothing constant of the squared average); "
+                      f"received {hp['alpha']}")
     if name == "nadam" and not hp.get("momentum_schedule", True) and hp.get("momentum_decay") != DEFAULTS["nadam"]["momentum_decay"]:
         fail("momentum_decay", "is not used with momentum_schedule = false (constant beta1, optax.nadam); "
                                "leave it at its default")

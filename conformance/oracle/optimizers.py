@@ -26,6 +26,11 @@ optimizer with decoupled_weight_decay) is p ← p·(1 − lr·wd) before the ste
              ρ_t > 5: r = √((ρ_t−4)(ρ_t−2)ρ∞ / ((ρ∞−4)(ρ∞−2)ρ_t)), p ← p − lr·m̂·r·√(1−β2ᵗ)/(√v + ε);
              else p ← p − lr·m̂
     lion     p ← p·(1 − lr·wd);  p ← p − lr·sign(β1·m + (1−β1)·g);  m ← β2·m + (1−β2)·g
+    ademamix (apple/ml-ademamix)  α_t = α·(t/T_α) for t < T_α, else α;  β3_t = f⁻¹((1−a)·f(β1) + a·f(β3))
+             with a = t/T_β3 for t < T_β3, else β3, f(β) = ln ½ / ln(β + 10⁻⁸) − 1 (the EMA's half-life
+             in updates, minus 1), f⁻¹(h) = ½^(1/(h+1));  m ← β1·m + (1−β1)·g;
+             m_slow ← β3_t·m_slow + (1−β3_t)·g;  v ← β2·v + (1−β2)·g²;
+             u = (m/(1−β1ᵗ) + α_t·m_slow) / (√v/√(1−β2ᵗ) + ε);  p ← p − lr·(u + wd·p)
     adafactor  c = t^beta2_decay;  ρ = min(lr, 1/√t);  a = max(ε2, RMS(p))·ρ;  decoupled decay;
              ≥2-D: R ← R + c·(mean_last(g²) − R), C ← C + c·(mean_-2(g²) − C) over the last two
              axes, V = R·C / max(mean_-2(R), ε1);  else V ← V + c·(g² − V);
@@ -93,6 +98,8 @@ def init_state(optimizer: str, hp: Mapping[str, Any], p: np.ndarray) -> State:
         s.update(m=z.copy(), u=z.copy())
     elif optimizer == "lion":
         s["m"] = z.copy()
+    elif optimizer == "ademamix":
+        s.update(m=z.copy(), m_slow=z.copy(), v=z.copy())
     elif optimizer == "adafactor":
         if p.ndim > 1:
             s["row_var"] = np.zeros(p.shape[:-1] + (1,))
@@ -121,6 +128,8 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
         return _adafactor(hp, p, g, s, t, dtype)
     if optimizer in SCHEDULE_FREE:
         return _schedule_free(optimizer, hp, p, g, s, t), s
+    if optimizer == "ademamix":
+        return _ademamix(hp, p, g, s, t), s
     if decoupled:
         p = p * (1 - lr * wd)
     else:
@@ -194,6 +203,37 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
         second = s["v_max"] if hp["amsgrad"] else s["v"]
         return p - lr * np.sqrt(bc2) / bc1 * s["m"] / (np.sqrt(second) + eps), s
     return p - lr / bc1 * s["m"] / (np.sqrt(v_hat + hp["eps_root"]) + eps), s
+
+
+def ademamix_alpha(hp: Mapping[str, Any], t: int) -> float:
+    """AdEMAMix's α at update t: linear from 0 over alpha_warmup updates (apple/ml-ademamix's
+    linear_warmup_scheduler, (1 − a)·0 + a·α with a = t/T)."""
+    warmup = hp["alpha_warmup"]
+    return t / warmup * hp["alpha"] if t < warmup else hp["alpha"]
+
+
+def ademamix_beta3(hp: Mapping[str, Any], t: int) -> float:
+    """AdEMAMix's β3 at update t: from β1 to β3 linearly in the half-life over beta3_warmup updates
+    (apple/ml-ademamix's linear_hl_warmup_scheduler)."""
+    warmup, b1, b3 = hp["beta3_warmup"], hp["betas"][0], hp["beta3"]
+    if t >= warmup:
+        return b3
+
+    def half_life(beta: float) -> float:
+        return np.log(0.5) / np.log(beta + 1e-8) - 1
+
+    a = t / warmup
+    return float(0.5 ** (1 / ((1 - a) * half_life(b1) + a * half_life(b3) + 1)))
+
+
+def _ademamix(hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t: int) -> np.ndarray:
+    b1, b2 = hp["betas"]
+    b3, alpha = ademamix_beta3(hp, t), ademamix_alpha(hp, t)
+    s["m"] = b1 * s["m"] + (1 - b1) * g
+    s["m_slow"] = b3 * s["m_slow"] + (1 - b3) * g
+    s["v"] = b2 * s["v"] + (1 - b2) * g * g
+    u = (s["m"] / (1 - b1 ** t) + alpha * s["m_slow"]) / (np.sqrt(s["v"]) / np.sqrt(1 - b2 ** t) + hp["eps"])
+    return p - hp["lr"] * (u + hp["weight_decay"] * p)
 
 
 def _nadam(hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t: int, bc2: float) -> np.ndarray:

@@ -51,6 +51,9 @@ def cycled_hyperparameter(schedule: ScheduleSpec, optimizer: Any) -> str | None:
     if name == "muon":
         raise ConfigError("schedule.cycle_momentum = true is not supported with optimizer.name = 'muon' "
                           "(its fallback optimizer cycles beta1, Muon its momentum); set it to false")
+    if name == "ademamix":
+        raise ConfigError("schedule.cycle_momentum = true is not supported with optimizer.name = 'ademamix' "
+                          "(its beta1 also starts the beta3 warm-up; no peer cycles it); set it to false")
     if name in MOMENTUM_OPTIMIZERS:
         return "momentum"
     if name in BETA1_OPTIMIZERS:

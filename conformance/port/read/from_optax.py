@@ -6,7 +6,7 @@ The building blocks (optax_desc) must read, in order:
 
     [scale(-1)] [clip_by_global_norm | clip] [add_decayed_weights: coupled, L2]    gradient side
     core: scale_by_adam | scale_by_amsgrad | scale_by_rms | scale_by_stddev | scale_by_rss |
-          scale_by_adamax | scale_by_lion | trace | (none: plain SGD)
+          scale_by_adamax | scale_by_lion | scale_by_ademamix | trace | (none: plain SGD)
     [trace (rms, stddev)] [add_decayed_weights: decoupled] scale_by_learning_rate [trace]
 
 or optax.contrib's schedule_free_adamw / schedule_free_sgd alone (after clipping), without a
@@ -29,7 +29,7 @@ from conformance.port.read.optax_desc import Block, read
 from conformance.port.read.optax_sched import schedule
 
 CORES = ("scale_by_adam", "scale_by_amsgrad", "scale_by_rms", "scale_by_stddev", "scale_by_rss",
-         "scale_by_adamax", "scale_by_lion", "trace")
+         "scale_by_adamax", "scale_by_lion", "scale_by_ademamix", "trace")
 PASS_THROUGH = ("model", "data", "loss", "precision", "checkpoint", "run")
 
 
@@ -124,9 +124,25 @@ def _core(b: Block | None, momentum: float) -> dict[str, Any]:
                 "eps_in_sqrt": True}
     if b.name == "scale_by_adamax":
         return {"name": "adamax", "betas": [a["b1"], a["b2"]], "eps": a["eps"]}
+    if b.name == "scale_by_ademamix":
+        return _ademamix(b)
     if a["mode"] != "hard":
         raise UnsupportedError(f"{b.where}.mode = {a['mode']!r}: twinstep's lion is the original (hard) sign")
     return {"name": "lion", "betas": [a["b1"], a["b2"]]}
+
+
+def _ademamix(b: Block) -> dict[str, Any]:
+    a = b.args
+    for key in ("b3", "alpha"):
+        if isinstance(a[key], Mapping):
+            raise UnsupportedError(f"{b.where}.{key}: optax.contrib.ademamix calls its {key} schedule with the count "
+                                   f"before its increment, one behind the paper's reference (AD-COUNT), and twinstep's "
+                                   f"warm-ups are the reference's; give a number and set beta3_warmup / alpha_warmup "
+                                   f"in the spec instead")
+    if a["eps_root"]:
+        raise UnsupportedError(f"{b.where}.eps_root = {a['eps_root']} has no spec field (twinstep's ademamix is the "
+                               f"reference's, without eps_root)")
+    return {"name": "ademamix", "betas": [a["b1"], a["b2"]], "beta3": a["b3"], "alpha": a["alpha"], "eps": a["eps"]}
 
 
 def _trace(b: Block, core: Block | None) -> float:
@@ -205,13 +221,14 @@ def _weight_decay(name: str, coupled: float | None, decoupled: float | None, bs:
             return {"name": "adamw", "weight_decay": decoupled}
         if name == "nadam":
             return {"weight_decay": decoupled, "decoupled_weight_decay": True}
-        if name == "lion":
+        if name in ("lion", "ademamix"):
             return {"weight_decay": decoupled}
         # add_decayed_weights after the moments, before the lr: -lr·(u + wd·p), torch AdamW's decay
         return {"weight_decay": decoupled, "decoupled_weight_decay": True}
     if coupled is not None:
-        if name == "lion":
-            raise UnsupportedError("weight decay before scale_by_lion has no spec field (lion's decay is decoupled)")
+        if name in ("lion", "ademamix"):
+            raise UnsupportedError(f"weight decay before scale_by_{name} has no spec field ({name}'s decay is "
+                                   f"decoupled: put add_decayed_weights after it)")
         return {"weight_decay": coupled}
     return {"weight_decay": 0.0}
 

@@ -10,7 +10,8 @@ optax builds closures, so a set-up is described with optax's own names and argum
 A transform is `{name = {arguments}}`, `{chain = [...]}` or a list (a chain); `MultiSteps = {opt =
 ..., every_k_schedule = 4}` wraps the whole chain. Aliases expand into the blocks optax builds them
 from (optax/_src/alias.py), e.g. adamw = scale_by_adam, add_decayed_weights, scale_by_learning_rate,
-and rmsprop puts scale_by_learning_rate *before* its trace, as optax does.
+and rmsprop puts scale_by_learning_rate *before* its trace, as optax does; optax.contrib's ademamix
+and schedule-free optimizers are read by the same names.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ TRANSFORMS: dict[str, dict[str, Any]] = {
                            "weight_decay": 0.0, "weight_lr_power": 2.0, "state_dtype": None},
     "schedule_free_sgd": {"learning_rate": 1.0, "warmup_steps": None, "b1": 0.9, "weight_decay": None,
                           "weight_lr_power": 2.0, "state_dtype": None},
+    "ademamix": {**_LR, "b1": 0.9, "b2": 0.999, "b3": 0.9999, "alpha": 5.0, "eps": 1e-8, "eps_root": 0.0,
+                 "mu_dtype": None, "weight_decay": 0.0, "mask": None},
+    "scale_by_ademamix": {"b1": 0.9, "b2": 0.999, "b3": 0.9999, "alpha": 6.0, "eps": 1e-8, "eps_root": 0.0,
+                          "mu_dtype": None},
     "MultiSteps": {"opt": REQUIRED, "every_k_schedule": REQUIRED, "use_grad_mean": True,
                    "should_skip_update_fn": None, "accumulator_dtype": "float32"},
 }
@@ -112,6 +117,10 @@ def _alias(name: str, a: dict[str, Any], at: str) -> list[Block]:
     if name == "lion":
         return [Block("scale_by_lion", {"b1": a["b1"], "b2": a["b2"], "mu_dtype": a["mu_dtype"], "mode": "hard",
                                         "smooth_beta": 1.0}, at),
+                Block("add_decayed_weights", {"weight_decay": a["weight_decay"], "mask": a["mask"]}, at), lr]
+    if name == "ademamix":
+        core = {k: a[k] for k in ("b1", "b2", "b3", "alpha", "eps", "eps_root", "mu_dtype")}
+        return [Block("scale_by_ademamix", core, at),
                 Block("add_decayed_weights", {"weight_decay": a["weight_decay"], "mask": a["mask"]}, at), lr]
     return [Block(name, a, at)]
 

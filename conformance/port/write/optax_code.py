@@ -42,7 +42,7 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
     if hp.get("maximize"):
         out.append("optax.scale(-1.0)")  # torch negates the gradient before the weight decay
     wd = hp.get("weight_decay", 0.0)
-    decoupled = name in ("adamw", "lion") or bool(hp.get("decoupled_weight_decay"))
+    decoupled = name in ("adamw", "lion", "ademamix") or bool(hp.get("decoupled_weight_decay"))
     if wd and not decoupled and name not in ("adafactor", "muon"):
         out.append(f"optax.add_decayed_weights({lit(wd)})")  # coupled (L2): before the moments
     b1 = f"momentum_{i}" if cycled == "beta1" else lit(hp["betas"][0]) if "betas" in hp else None
@@ -97,6 +97,15 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
         out.append(f"torch_radam({b1}, {b2}, {lit(hp['eps'])})")
     elif name == "lion":
         out.append(f"optax.scale_by_lion(b1={b1}, b2={b2})")
+    elif name == "ademamix":
+        b3, alpha = lit(hp["beta3"]), lit(hp["alpha"])
+        if hp["beta3_warmup"] or hp["alpha_warmup"]:
+            use(parts.ADEMAMIX)
+        if hp["beta3_warmup"]:
+            b3 = f"ademamix_beta3({b1}, {b3}, {hp['beta3_warmup']})"
+        if hp["alpha_warmup"]:
+            alpha = f"ademamix_alpha({alpha}, {hp['alpha_warmup']})"
+        out.append(f"optax.contrib.scale_by_ademamix(b1={b1}, b2={b2}, b3={b3}, alpha={alpha}, eps={lit(hp['eps'])})")
     elif name == "adafactor":
         use(parts.ADAFACTOR)
         e1, e2 = hp["eps"]

@@ -1,7 +1,7 @@
 """Source text of the custom optax transforms a snippet writes out where optax's own math differs
 from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Keras's eps_hat, Adagrad with
 eps outside the root, NAdam's momentum schedule, RAdam, Adafactor, Muon, clip_grad_norm_'s eps,
-and the schedule-free warm-up."""
+the schedule-free warm-up and AdEMAMix's warm-ups."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def free_lr(lr, warmup_steps, ahead=0):
         k = jnp.asarray(c, WIDE) + ahead
         return lr * (jnp.minimum(1.0, k / warmup_steps) if warmup_steps else 1.0)
     return schedule
+'''
+
+ADEMAMIX = '''
+def ademamix_alpha(alpha, warmup):
+    """apple/ml-ademamix's alpha warm-up (linear from 0) as a function of optax.contrib.ademamix's
+    count, which it reads before its increment: the reference's step t is count + 1."""
+    return lambda count: jnp.where(count + 1 < warmup, (count + 1.0) / warmup * alpha, alpha)
+
+
+def ademamix_beta3(beta1, beta3, warmup):
+    """apple/ml-ademamix's beta3 warm-up (from beta1, linear in the EMA's half-life
+    f(b) = ln(0.5)/ln(b + 1e-8) - 1) as a function of optax's count (t = count + 1)."""
+    f = lambda b: jnp.log(0.5) / jnp.log(b + 1e-8) - 1
+    def b3(count):
+        a = (count + 1.0) / warmup
+        return jnp.where(count + 1 < warmup, 0.5 ** (1 / ((1 - a) * f(beta1) + a * f(beta3) + 1)), beta3)
+    return b3
 '''
 
 ADAGRAD = '''

@@ -23,7 +23,7 @@ CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch
            "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad", "adamax": "torch.optim.Adamax",
            "nadam": "torch.optim.NAdam", "radam": "torch.optim.RAdam", "adafactor": "torch.optim.Adafactor",
            "muon": "torch.optim.Muon", "lion": "Lion", "schedule_free_adamw": "schedulefree.AdamWScheduleFree",
-           "schedule_free_sgd": "schedulefree.SGDScheduleFree"}
+           "schedule_free_sgd": "schedulefree.SGDScheduleFree", "ademamix": "AdEMAMix"}
 OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype", "eps_hat",
        "decoupled_weight_decay"}  # twinstep-only fields (or not torch's for every class)
 NATIVE_DECOUPLED = ("adam", "nadam", "radam")  # torch classes that take decoupled_weight_decay

@@ -1,0 +1,90 @@
+"""AdEMAMix (`ademamix`, apple/ml-ademamix's torch class): the spec's fields and refusals, the
+warm-ups of α and β3 on both twins against the oracle's and against hand values, and the bundled
+cases from optax.contrib (tests/test_cases.py runs them on every backend; the negative controls are
+in tests/test_negative_optimizer_semantics.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conformance.config import load_config
+from conformance.errors import ConfigError
+from conformance.harness.case import load_cases
+from conformance.oracle import optimizers as oracle
+
+HP = {"betas": (0.9, 0.999), "beta3": 0.9999, "alpha": 8.0, "alpha_warmup": 4, "beta3_warmup": 6}
+
+
+def test_the_bundled_suite_has_ademamix_cases_with_both_warm_ups() -> None:
+    cases = [c for c in load_cases(only=["optimizer/*ademamix*"])]
+    specs = [c.sections["optimizer"] for c in cases]
+    assert len(cases) >= 4 and all(s.name == "ademamix" for s in specs)
+    assert any(s.alpha_warmup and s.beta3_warmup for s in specs)
+
+
+def test_defaults_are_the_reference_class_s() -> None:
+    spec = load_config({"optimizer": {"name": "ademamix"}}).optimizer
+    assert spec.overrides() == {"lr": 1e-3, "betas": (0.9, 0.999), "beta3": 0.9999, "alpha": 2.0, "beta3_warmup": 0,
+                                "alpha_warmup": 0, "eps": 1e-8, "weight_decay": 0.0, "maximize": False}
+
+
+@pytest.mark.parametrize(("optimizer", "message"), [
+    ({"name": "ademamix", "beta3": 1.0}, "optimizer.beta3 must be in [0, 1)"),
+    ({"name": "ademamix", "alpha": -1.0}, "optimizer.alpha must be >= 0"),
+    ({"name": "ademamix", "alpha_warmup": -2}, "optimizer.alpha_warmup must be in [0, "),
+    ({"name": "adam", "beta3": 0.99}, "optimizer.beta3 is only used when name is ademamix"),
+    ({"name": "rmsprop", "alpha": 2.0}, "optimizer.alpha must be in [0, 1] for rmsprop"),
+    ({"name": "ademamix", "decoupled_weight_decay": True}, "its weight decay is always decoupled"),
+])
+def test_bad_fields_are_one_line_config_errors(optimizer: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({"optimizer": optimizer})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_alpha_above_1_is_adamix_s_mix_not_rmsprop_s_smoothing() -> None:
+    assert load_config({"optimizer": {"name": "ademamix", "alpha": 8.0}}).optimizer.alpha == 8.0
+
+
+def test_cycling_momentum_is_refused_naming_the_field() -> None:
+    from conformance.rules.schedules import cycled_hyperparameter
+
+    config = load_config({"optimizer": {"name": "ademamix"}, "schedule": {"name": "onecycle", "max_lr": 0.1,
+                                                                           "total_steps": 10}})
+    with pytest.raises(ConfigError, match=r"^schedule\.cycle_momentum = true is not supported with optimizer\.name"):
+        cycled_hyperparameter(config.schedule, config.optimizer)
+
+
+def test_the_oracle_s_warm_ups_are_the_hand_values() -> None:
+    """α: α·t/T, then α. β3: at t/T = a the half-life is the blend of β1's and β3's, t ≥ T gives β3,
+    and with β3 = β1 the ramp is flat at β1 + 1e-8 (the reference's guard inside the log)."""
+    assert [oracle.ademamix_alpha(HP, t) for t in (1, 2, 3, 4, 9)] == [2.0, 4.0, 6.0, 8.0, 8.0]
+    assert oracle.ademamix_beta3(HP, 6) == oracle.ademamix_beta3(HP, 60) == 0.9999
+    half = lambda b, guard: math.log(0.5) / math.log(b + guard)  # noqa: E731  f(β) + 1, the half-life
+    for t in (1, 3, 5):
+        a = t / 6
+        blend = (1 - a) * half(0.9, 1e-8) + a * half(0.9999, 1e-8)
+        assert half(oracle.ademamix_beta3(HP, t), 0.0) == pytest.approx(blend, rel=1e-12)
+    assert oracle.ademamix_beta3({**HP, "beta3": 0.9}, 1) == pytest.approx(0.9 + 1e-8, rel=1e-14)  # f⁻¹(f(β1))
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_twins_warm_ups_are_the_oracle_s(framework: str) -> None:
+    if framework == "torch":
+        from ref_torch import _ademamix
+        at = lambda f, t: float(f(HP, float(t)))  # noqa: E731  torch's step is a float
+    else:
+        import jax
+
+        from ref_jax import _ademamix
+
+        def at(f, t):
+            with jax.enable_x64(True):
+                return float(f(HP, jax.numpy.asarray(float(t))))
+    for t in range(1, 9):
+        assert at(_ademamix.alpha_at, t) == pytest.approx(oracle.ademamix_alpha(HP, t), rel=1e-15)
+        assert at(_ademamix.beta3_at, t) == pytest.approx(oracle.ademamix_beta3(HP, t), rel=1e-15)
+    assert np.isfinite(at(_ademamix.beta3_at, 1))
