@@ -34,6 +34,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "lion": {"name": "lion", "lr": 1e-4}, "muon": {"name": "muon", "lr": 0.02},
     "schedule_free_adamw": {"name": "schedule_free_adamw", "lr": 1e-3},
     "schedule_free_sgd": {"name": "schedule_free_sgd", "lr": 0.1},
+    "ademamix": {"name": "ademamix", "lr": 1e-3},
 }
 
 
@@ -63,13 +64,22 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
                             schedule_free_sgd=schedulefree.SGDScheduleFree)
     except ImportError:
         pass
+    try:
+        import pytorch_optimizer  # the torch peer with an AdEMAMix (`pip install pytorch-optimizer==4.1.0`)
+
+        bare_classes["ademamix"] = pytorch_optimizer.AdEMAMix
+    except ImportError:
+        pass
     if name not in bare_classes:
-        return None  # no torch built-in to compare with (lion: twinstep's own class; muon: two optimizers)
+        return None  # no torch built-in to compare with (lion: twinstep's own class; muon: two optimizers;
+                    # ademamix without pytorch-optimizer)
     spec = load_config({"optimizer": SPECS[name]}).optimizer
     accepted = inspect.signature(bare_classes[name]).parameters  # twinstep's extra fields stay out
     kwargs = {k: v for k, v in spec.overrides().items() if k in accepted}
     if name == "adafactor":
         kwargs["eps"] = (None, kwargs["eps"][1])
+    if name == "ademamix":  # the peer's betas are (β1, β2, β3); without warm-ups or decay its math is ours
+        kwargs["betas"] = (*kwargs["betas"], spec.beta3)
 
     def make(ours: bool) -> Callable[[], None]:
         g = torch.Generator().manual_seed(0)
@@ -114,6 +124,7 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
         "muon": lambda: optax.contrib.muon(hp["lr"]),
         "schedule_free_adamw": lambda: optax.contrib.schedule_free_adamw(hp["lr"]),
         "schedule_free_sgd": lambda: optax.contrib.schedule_free_sgd(hp["lr"], b1=hp["momentum"]),
+        "ademamix": lambda: optax.contrib.ademamix(hp["lr"], b3=hp["beta3"], alpha=hp["alpha"]),
     }
     key = jax.random.PRNGKey(0)
     params = {k: jax.random.normal(jax.random.fold_in(key, i), s) for i, (k, s) in enumerate(SHAPES.items())}
@@ -149,7 +160,7 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--optimizers", default="sgd,adam,adamw,rmsprop,adagrad,nadam,adafactor,lion,"
-                                            "schedule_free_adamw,schedule_free_sgd")
+                                            "schedule_free_adamw,schedule_free_sgd,ademamix")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -48,34 +48,49 @@ class AdEMAMix(Foreach):
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  beta3: float = 0.9999, alpha: float = 2.0, beta3_warmup: int = 0, alpha_warmup: int = 0,
-                 eps: float = 1e-8, weight_decay: float = 0.0, *, maximize: bool = False) -> None:
+                 eps: float = 1e-8, weight_decay: float = 0.0, *, maximize: bool = False,
+                 foreach: bool | None = None) -> None:
         if not lr >= 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not all(0.0 <= b < 1.0 for b in (*betas, beta3)):
             raise ValueError(f"Invalid betas: {betas}, beta3 {beta3}")
         if not alpha >= 0.0:
             raise ValueError(f"Invalid alpha value: {alpha}")
+        self.foreach = foreach  # None: foreach kernels on CUDA, a loop over tensors elsewhere (torch.optim's rule)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "beta3": beta3, "alpha": alpha,
                                   "beta3_warmup": beta3_warmup, "alpha_warmup": alpha_warmup, "eps": eps,
                                   "weight_decay": weight_decay, "maximize": maximize})
 
     def _update(self, group, params, grads, states):
         b1, b2 = group["betas"]
-        fast = [s["exp_avg_fast"] for s in states]
-        sq = [s["exp_avg_sq"] for s in states]
-        torch._foreach_mul_(fast, b1)
-        torch._foreach_add_(fast, grads, alpha=1 - b1)
-        torch._foreach_mul_(sq, b2)
-        torch._foreach_addcmul_(sq, grads, grads, 1 - b2)
-        for p, g, s in zip(params, grads, states):  # per parameter: its own t for the warm-ups
-            t = s["step"].item()
+        by_step: dict[float, list[int]] = {}
+        for i, s in enumerate(states):  # the warm-ups make α and β3 scalars of t: one foreach call per t
+            by_step.setdefault(s["step"].item(), []).append(i)  # step lives on the CPU: no device sync
+        foreach = self.foreach if self.foreach is not None else all(p.is_cuda for p in params)
+        # foreach: few kernel launches; one tensor at a time: each temporary freed at once (faster on a CPU)
+        chunks = [at for at in by_step.values()] if foreach else [[i] for at in by_step.values() for i in at]
+        for at in chunks:
+            t = states[at[0]]["step"].item()
+            p, g = [params[i] for i in at], [grads[i] for i in at]
+            fast, slow, sq = ([states[i][name] for i in at] for name in self.STATE)
             b3 = beta3_at(group, t)
-            s["exp_avg_slow"].mul_(b3).add_(g, alpha=1 - b3)
-            denom = (s["exp_avg_sq"].sqrt() / math.sqrt(1 - b2 ** t)).add_(group["eps"])
-            u = (s["exp_avg_fast"] / (1 - b1 ** t)).add_(s["exp_avg_slow"] * alpha_at(group, t)).div_(denom)
-            if group["weight_decay"] != 0:
-                u.add_(p, alpha=group["weight_decay"])
-            p.add_(u, alpha=-group["lr"])
+            torch._foreach_mul_(fast, b1)
+            torch._foreach_add_(fast, g, alpha=1 - b1)
+            torch._foreach_mul_(sq, b2)
+            torch._foreach_addcmul_(sq, g, g, 1 - b2)
+            torch._foreach_mul_(slow, b3)
+            torch._foreach_add_(slow, g, alpha=1 - b3)
+            denom = torch._foreach_sqrt(sq)
+            torch._foreach_div_(denom, math.sqrt(1 - b2 ** t))
+            torch._foreach_add_(denom, group["eps"])
+            u = torch._foreach_div(fast, 1 - b1 ** t)
+            torch._foreach_add_(u, slow, alpha=alpha_at(group, t))
+            if group["weight_decay"] == 0:
+                torch._foreach_addcdiv_(p, u, denom, value=-group["lr"])
+                continue
+            torch._foreach_div_(u, denom)
+            torch._foreach_add_(u, p, alpha=group["weight_decay"])
+            torch._foreach_add_(p, u, alpha=-group["lr"])
 
 
 OPTIMIZERS = {"ademamix": AdEMAMix}

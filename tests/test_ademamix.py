@@ -88,3 +88,32 @@ def test_the_twins_warm_ups_are_the_oracle_s(framework: str) -> None:
         assert at(_ademamix.alpha_at, t) == pytest.approx(oracle.ademamix_alpha(HP, t), rel=1e-15)
         assert at(_ademamix.beta3_at, t) == pytest.approx(oracle.ademamix_beta3(HP, t), rel=1e-15)
     assert np.isfinite(at(_ademamix.beta3_at, 1))
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["per-tensor", "foreach"])
+def test_the_torch_class_s_two_paths_are_the_oracle_s_with_counts_that_differ(foreach: bool) -> None:
+    """Torch's AdEMAMix runs one foreach call per update count (CUDA's default) or one tensor at a
+    time (the CPU's); a parameter without a gradient at update 1 lags one count behind, so its warm-ups
+    are read at another t. Both paths follow the oracle's per-parameter equations (float64)."""
+    import torch
+
+    from ref_torch._ademamix import AdEMAMix
+
+    hp = {**HP, "lr": 0.01, "eps": 1e-8, "weight_decay": 0.1, "maximize": False}
+    rng = np.random.default_rng(7)
+    p0 = [rng.normal(size=s) for s in ((3, 4), (5,), (2, 2))]
+    params = [torch.nn.Parameter(torch.tensor(p)) for p in p0]
+    opt = AdEMAMix(params, lr=hp["lr"], betas=hp["betas"], beta3=hp["beta3"], alpha=hp["alpha"],
+                   beta3_warmup=hp["beta3_warmup"], alpha_warmup=hp["alpha_warmup"], eps=hp["eps"],
+                   weight_decay=hp["weight_decay"], foreach=foreach)
+    want, states = [p.copy() for p in p0], [oracle.init_state("ademamix", hp, p) for p in p0]
+    for update in range(7):
+        grads = [rng.normal(size=p.shape) for p in p0]
+        for i, (param, g) in enumerate(zip(params, grads)):
+            param.grad = None if (update == 0 and i == 1) else torch.tensor(g)
+            if param.grad is not None:
+                want[i], states[i] = oracle.update("ademamix", hp, want[i], g, states[i])
+        opt.step()
+    assert [float(opt.state[p]["step"]) for p in params] == [7.0, 6.0, 7.0]
+    for param, w in zip(params, want):
+        np.testing.assert_allclose(param.detach().numpy(), w, rtol=1e-12, atol=1e-14)
