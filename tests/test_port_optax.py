@@ -13,7 +13,7 @@ from conformance.config import load_config
 from conformance.errors import ConfigError, UnsupportedError
 from conformance.harness.backends import Backend
 from conformance.port import from_optax
-from conformance.port.read.optax_desc import REQUIRED, TRANSFORMS
+from conformance.port.read.optax_desc import INJECT, REFUSED, REQUIRED, TRANSFORMS
 from conformance.port.read.optax_sched import SCHEDULES
 from conformance.port.verify.native import run_native_optax
 from conformance.port.verify.traces import compare, gradient_stream, run_backend
@@ -103,6 +103,8 @@ DESCRIPTIONS = {
                                           {"scale_by_ademamix": {"b1": 0.8, "b3": 0.95}},
                                           {"add_decayed_weights": {"weight_decay": 0.05}},
                                           {"scale_by_learning_rate": {"learning_rate": WARMUP_COSINE}}]},
+    "inject-hyperparams-adamw": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}}, {"inject_hyperparams": {
+        "adamw": {"learning_rate": WARMUP_COSINE, "b1": 0.85, "weight_decay": 0.01}, "static_args": ["b2"]}}]},
     "clip-value-then-norm": {"chain": [{"clip": {"max_delta": 0.3}}, {"clip_by_global_norm": {"max_norm": 0.5}},
                                        {"adam": {"learning_rate": 0.05}}]},
 }
@@ -186,6 +188,13 @@ def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> Non
     ({"ademamix": {"learning_rate": 0.1, "alpha": {"linear_schedule": {"init_value": 0.0, "end_value": 5.0,
                                                                         "transition_steps": 10}}}},
      UnsupportedError, "ademamix.alpha: optax.contrib.ademamix calls its alpha schedule with the count before"),
+    ({"chain": [{"zero_nans": {}}, {"adam": {"learning_rate": 0.1}}]}, UnsupportedError,
+     "optax.zero_nans cannot be translated: .*P-IFFINITE"),
+    ({"muon": {"learning_rate": 0.02}}, UnsupportedError, "optax.contrib.muon is another algorithm .*O-MUON"),
+    ({"inject_hyperparams": {"adamw": {"learning_rate": 0.1}, "hyperparam_dtype": "float32"}}, UnsupportedError,
+     "inject_hyperparams.hyperparam_dtype = 'float32': the injected hyper-parameters"),
+    ({"inject_hyperparams": {"adamw": {"learning_rate": 0.1}, "sgd": {"learning_rate": 0.1}}}, ConfigError,
+     "inject_hyperparams wraps one optax transform factory"),
     ({"ademamix": {"learning_rate": 0.1, "eps_root": 1e-8}}, UnsupportedError, "eps_root = 1e-08 has no spec field"),
     ({"chain": [{"add_decayed_weights": {"weight_decay": 0.1}}, {"scale_by_ademamix": {}},
                 {"scale_by_learning_rate": {"learning_rate": 0.1}}]},
@@ -219,3 +228,13 @@ def test_argument_tables_match_optax_signatures(name: str) -> None:
             assert getattr(want, "__name__", want) == default
         else:
             assert want == default, (name, key, want)
+
+
+def test_inject_hyperparams_arguments_and_the_refused_names_are_optax_s() -> None:
+    import optax.contrib
+
+    params = inspect.signature(optax.inject_hyperparams).parameters
+    assert list(params) == ["inner_factory", *INJECT]
+    assert all(params[k].default == v for k, v in INJECT.items())
+    assert all(callable(getattr(optax, n, None) or getattr(optax.contrib, n, None)) for n in REFUSED)
+

@@ -11,7 +11,8 @@ A transform is `{name = {arguments}}`, `{chain = [...]}` or a list (a chain); `M
 ..., every_k_schedule = 4}` wraps the whole chain. Aliases expand into the blocks optax builds them
 from (optax/_src/alias.py), e.g. adamw = scale_by_adam, add_decayed_weights, scale_by_learning_rate,
 and rmsprop puts scale_by_learning_rate *before* its trace, as optax does; optax.contrib's ademamix
-and schedule-free optimizers are read by the same names.
+and schedule-free optimizers are read by the same names, and `{inject_hyperparams = {adamw = {...}}}`
+(optax.inject_hyperparams(optax.adamw)(...)) as the transform it wraps.
 """
 
 from __future__ import annotations
@@ -74,8 +75,13 @@ REFUSED = {
                  "relative step, weight decay and float32 decay rate (O-ADAFACTOR); no spec expresses it",
     "apply_if_finite": "optax applies the non-finite update after max_consecutive_errors; twinstep skips "
                        "(or raises) — use [precision] on_nonfinite",
-    "inject_hyperparams": "give the schedule as the learning_rate argument instead",
+    "zero_nans": "optax.zero_nans sets NaN gradient entries to 0 and applies the update; twinstep never "
+                 "applies a non-finite update (P-IFFINITE) — use [precision] on_nonfinite",
+    "muon": "optax.contrib.muon is another algorithm than twinstep's muon, which is torch.optim.Muon's "
+            "(bias-corrected momentum, its own normalisation and width scaling, an AdamW for the rest: O-MUON); "
+            "write the spec's muon with [optimizer.fallback] instead",
 }
+INJECT = {"static_args": (), "hyperparam_dtype": None}  # optax.inject_hyperparams(inner, ...)'s own arguments
 DTYPE_ARGS = ("mu_dtype", "accumulator_dtype")
 
 
@@ -125,6 +131,22 @@ def _alias(name: str, a: dict[str, Any], at: str) -> list[Block]:
     return [Block(name, a, at)]
 
 
+def _injected(args: Any, at: str) -> list[Block]:
+    """`{inject_hyperparams = {adamw = {...}}}`: optax.inject_hyperparams(optax.adamw)(...) computes
+    what the inner transform computes (its hyper-parameters become state, as twinstep's are); the
+    inner transform is read in its place."""
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{at} must be a table with one transform, e.g. {{adamw = {{learning_rate = 1e-3}}}}")
+    inner = {k: v for k, v in args.items() if k not in INJECT}
+    if len(inner) != 1 or next(iter(inner)) in ("chain", "MultiSteps", "inject_hyperparams"):
+        raise ConfigError(f"{at} wraps one optax transform factory (adamw, sgd, ...) with its arguments, "
+                          f"optionally static_args and hyperparam_dtype; received {', '.join(inner) or 'none'}")
+    if args.get("hyperparam_dtype") is not None:
+        raise UnsupportedError(f"{at}.hyperparam_dtype = {args['hyperparam_dtype']!r}: the injected hyper-parameters "
+                               f"would be held in that dtype; twinstep's follow the parameters' — leave it unset")
+    return blocks(inner, at)
+
+
 def blocks(tx: Any, where: str) -> list[Block]:
     """A transform description (see the module docstring) as a flat list of building blocks."""
     if isinstance(tx, list):
@@ -138,6 +160,8 @@ def blocks(tx: Any, where: str) -> list[Block]:
         return blocks(args, at)
     if name in REFUSED:
         raise UnsupportedError(f"optax.{name} cannot be translated: {REFUSED[name]}")
+    if name == "inject_hyperparams":
+        return _injected(args, at)
     if name not in TRANSFORMS:
         raise UnsupportedError(f"{at}: twinstep reads the optax transforms chain, {', '.join(TRANSFORMS)}")
     if name == "MultiSteps":

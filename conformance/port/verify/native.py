@@ -58,6 +58,10 @@ def build_optax(tx: Any, x64: bool = True) -> Any:
             (name, args), = v.items()
             if name == "chain":
                 return optax.chain(*[value(x) for x in args])
+            if name == "inject_hyperparams":  # {inject_hyperparams = {adamw = {...}, static_args = ...}}
+                extra = {k: args[k] for k in ("static_args", "hyperparam_dtype") if k in args}
+                (inner, kwargs), = ((k, a) for k, a in args.items() if k not in extra)
+                return optax.inject_hyperparams(find(inner), **extra)(**{k: value(a) for k, a in kwargs.items()})
             if find(name) is not None and isinstance(args, Mapping):
                 kwargs = {k: value(a) for k, a in args.items()}
                 if name == "piecewise_constant_schedule" and kwargs.get("boundaries_and_scales"):
