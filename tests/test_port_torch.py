@@ -17,6 +17,7 @@ from support.port import (
     SCHEDULERS,
     config_of,
     float64_default,
+    hf_schedule,
     initial,
     native_run,
     on_backends,
@@ -57,7 +58,8 @@ def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule:
     assert_same(spec, position, values, windows, want)
 
 
-@pytest.mark.parametrize("schedule", ["step", "onecycle", "warmup-cosine", "restarts", "chained", "cyclic-momentum"])
+@pytest.mark.parametrize("schedule", ["step", "onecycle", "warmup-cosine", "restarts", "chained", "cyclic-momentum",
+                                      "hf-cosine-warmup", "hf-linear-warmup"])
 def test_a_stepped_scheduler_continues_from_its_position(schedule: str) -> None:
     with float64_default():
         spec, position, values, windows, want = native_run("sgd-nesterov", schedule, updates=6, pre_steps=5)
@@ -158,6 +160,13 @@ def _opt() -> tuple[dict, torch.optim.Optimizer]:
 @pytest.mark.parametrize("make, words", [
     (lambda o: sched.LambdaLR(o, lambda s: 0.9 ** s), "LambdaLR cannot be translated: its lr_lambda is an arbitrary"),
     (lambda o: sched.MultiplicativeLR(o, lambda s: 0.9), "MultiplicativeLR cannot be translated"),
+    (lambda o: hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", o, 2, 10, num_cycles=2),
+     r"LambdaLR\(transformers.optimization._get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda\) cannot"),
+    (lambda o: hf_schedule("get_constant_schedule_with_warmup", o, 3), "a warm-up then a constant lr for ever"),
+    (lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 2, 9, num_cycles=0.75),
+     r"its half period .* = 4.666666666666667 is not a whole number"),
+    (lambda o: hf_schedule("get_linear_schedule_with_warmup", o, 5, 5), "num_training_steps = 5 <= num_warmup_steps"),
+
     (lambda o: _observed(sched.ReduceLROnPlateau(o)), "ReduceLROnPlateau has observed 1 metrics: its best value"),
     (lambda o: sched.CyclicLR(o, 0.01, 0.1, scale_fn=lambda x: 0.5), "CyclicLR with a custom scale_fn cannot be"),
     (lambda o: sched.ChainedScheduler([sched.StepLR(o, 2), sched.CyclicLR(o, 0.01, 0.1)]),
@@ -175,6 +184,30 @@ def test_inexpressible_schedulers_are_refused_with_one_line(make, words: str) ->
     with pytest.raises(UnsupportedError, match=words) as info:
         from_torch(opt, make(opt), named)
     assert "\n" not in str(info.value)
+
+
+def test_transformers_min_lr_rate_needs_one_lr_and_a_misread_schedule_is_caught(monkeypatch) -> None:
+    """min_lr_rate is a fraction of each group's lr, twinstep's eta_min one lr: groups with two lrs
+    are refused, and so are groups whose lambdas are not all the same transformers function. Negative control: HF's cosine read with optax's convention (eta_min held after the
+    period instead of climbing back) fails the trajectory check."""
+    named = parameters(initial())
+    opt = optimizer("adam", named)  # its second group has another lr
+    with pytest.raises(UnsupportedError, match="min_lr_rate = 0.1 of groups with different lrs"):
+        from_torch(opt, hf_schedule("get_cosine_with_min_lr_schedule_with_warmup", opt, 0, 8, min_lr_rate=0.1),
+                   named)
+    mixed = sched.LambdaLR(opt, [hf_schedule("get_cosine_schedule_with_warmup", opt, 2, 9).lr_lambdas[0],
+                                 lambda s: 1.0])  # one group's lambda is transformers', the other's not
+    with pytest.raises(UnsupportedError, match="LambdaLR cannot be translated: its lr_lambda is an arbitrary"):
+        from_torch(opt, mixed, named)
+    from conformance.port.read import torch_sched
+
+    real = torch_sched.read_lambda
+    monkeypatch.setattr(torch_sched, "read_lambda", lambda *a: {**real(*a), "convention": "optax"})
+    with float64_default():
+        spec, position, values, windows, want = native_run("sgd-nesterov", "hf-cosine-warmup", updates=12)
+    assert spec["schedule"]["convention"] == "optax"
+    got = on_backends(config_of(spec), values, windows, position)
+    assert all(compare(trace, want)[1] is not None for trace in got.values())
 
 
 def test_unknown_and_subclassed_optimizers_are_refused() -> None:

@@ -94,7 +94,22 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
                                                  step_size_down=4, mode="exp_range", gamma=0.9, cycle_momentum=False),
     "cyclic-momentum": lambda o: sched.CyclicLR(o, 0.01, 0.05, step_size_up=3, base_momentum=0.85, max_momentum=0.95),
     "plateau": lambda o: sched.ReduceLROnPlateau(o, mode="max", patience=2, min_lr=1e-4),
+    # transformers' LambdaLRs (conformance/port/read/hf_sched.py)
+    "hf-constant": lambda o: hf_schedule("get_constant_schedule", o),
+    "hf-linear-warmup": lambda o: hf_schedule("get_linear_schedule_with_warmup", o, 3, 9),
+    "hf-cosine-warmup": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 3, 9),  # climbs back after 9
+    "hf-cosine-one-cycle": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 2, 10, num_cycles=1.0),
+    "hf-cosine-min-lr": lambda o: hf_schedule("get_cosine_with_min_lr_schedule_with_warmup", o, 0, 8, min_lr_rate=0.1),
+    "hf-inverse-sqrt": lambda o: hf_schedule("get_inverse_sqrt_schedule", o, 4, timescale=6),
+    "hf-in-sequential": lambda o: sched.SequentialLR(o, [hf_schedule("get_linear_schedule_with_warmup", o, 2, 6),
+                                                         sched.ExponentialLR(o, 0.8)], [6]),
 }
+
+
+def hf_schedule(name: str, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+    from transformers import optimization  # the test extra; a LambdaLR of one of its schedule functions
+
+    return getattr(optimization, name)(optimizer, *args, **kwargs)
 NEEDS_MOMENTUM = ("cyclic-momentum",)  # CyclicLR(cycle_momentum=True) refuses an optimizer without momentum or betas
 
 

@@ -7,8 +7,9 @@ update its next `optimizer.step()` performs) is returned beside it. SequentialLR
 pair); a ChainedScheduler becomes `chained` (its parts must be chainable: factors of the current
 lr); CyclicLR becomes `cyclic` (each group's base lr its own lr); ReduceLROnPlateau becomes
 `reduce_on_plateau` before it has observed a metric (after, its best metric, counters and reduced
-lrs are state that a [schedule] does not hold). LambdaLR and MultiplicativeLR have no closed form
-twinstep can read.
+lrs are state that a [schedule] does not hold). LambdaLR is read when its lr_lambda is one of
+transformers' schedule functions (conformance/port/read/hf_sched.py); another LambdaLR and
+MultiplicativeLR have no closed form twinstep can read.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import math
 from typing import Any, NamedTuple
 
 from conformance.errors import UnsupportedError
+from conformance.port.read.hf_sched import read_lambda, transformers_function
 
 REFUSED = {
-    "LambdaLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read; "
-                "use the matching lr_scheduler class or write the [schedule] section by hand",
+    "LambdaLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read (it reads "
+                "transformers' get_*_schedule_with_warmup); use the matching lr_scheduler class or write the "
+                "[schedule] section by hand",
     "MultiplicativeLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read",
     "SWALR": "twinstep has no stochastic weight averaging schedule",
 }
@@ -42,9 +45,15 @@ def _class(scheduler: Any) -> str:
     if getattr(lr_scheduler, name, None) is not type(scheduler):
         raise UnsupportedError(f"scheduler class {type(scheduler).__module__}.{type(scheduler).__qualname__} "
                                f"cannot be translated: twinstep reads torch.optim.lr_scheduler's classes")
-    if name in REFUSED:
+    if name in REFUSED and not (name == "LambdaLR" and _transformers(scheduler) is not None):
         raise UnsupportedError(f"{name} cannot be translated: {REFUSED[name]}")
     return name
+
+
+def _transformers(scheduler: Any) -> tuple[str, dict[str, Any]] | None:
+    """The transformers schedule function (name, keywords) every group's lr_lambda is, or None."""
+    found = [transformers_function(f) for f in scheduler.lr_lambdas]
+    return found[0] if found[0] is not None and all(f == found[0] for f in found) else None
 
 
 def _int(value: Any, what: str) -> int:
@@ -137,6 +146,8 @@ def _milestones(s: Any) -> list[int]:
 
 def _single(s: Any, name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
     """One non-composite scheduler as a schedule table."""
+    if name == "LambdaLR":  # one of transformers' schedule functions (_class refuses any other)
+        return read_lambda(*_transformers(s), [float(g["initial_lr"]) for g in groups])
     if name == "ConstantLR":
         return {"name": "constant", "factor": float(s.factor), "total_iters": int(s.total_iters)}
     if name == "StepLR":

@@ -1,0 +1,77 @@
+"""LambdaLR schedules written by Hugging Face transformers, read without importing transformers.
+
+`transformers.get_scheduler` / `get_*_schedule_with_warmup` build a torch LambdaLR whose lr_lambda
+is a `functools.partial` of a named function of transformers.optimization with its arguments, so
+its mathematics can be read from the name and the keywords (transformers 5.x):
+
+    _get_constant_lambda                              constant
+    _get_linear_schedule_with_warmup_lr_lambda        wsd: warm-up from 0, no stable part, linear
+                                                      decay to 0 at num_training_steps (0 after)
+    _get_cosine_schedule_with_warmup_lr_lambda        warmup_cosine, convention "torch" (the cosine
+                                                      climbs back after its period, as HF's does),
+                                                      min_lr_rate as eta_min, num_cycles when the
+                                                      half period is a whole number of updates
+    _get_inverse_sqrt_schedule_lr_lambda              inverse_sqrt (warm-up from 0, timescale)
+
+Every warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions (hard
+restarts, polynomial with lr_init, wsd, constant after a warm-up) are refused naming the function.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from conformance.errors import UnsupportedError
+
+MODULE = "transformers.optimization"
+
+
+def transformers_function(lr_lambda: Any) -> tuple[str, dict[str, Any]] | None:
+    """(function name, keywords) when `lr_lambda` is one of transformers' schedule functions, else None."""
+    func, keywords = getattr(lr_lambda, "func", lr_lambda), dict(getattr(lr_lambda, "keywords", None) or {})
+    if getattr(func, "__module__", None) != MODULE or getattr(lr_lambda, "args", ()):
+        return None
+    return func.__name__, keywords
+
+
+def _whole(value: float, what: str) -> int:
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise UnsupportedError(f"{what} = {value!r} is not a whole number of updates >= 1")
+    return int(value)
+
+
+def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, Any]:
+    """The [schedule] of transformers' function `name` with keywords `kw` over groups whose base lrs
+    are `base`; UnsupportedError naming the function where no spec schedule is exactly it."""
+    where = f"LambdaLR({MODULE}.{name})"
+    if name == "_get_constant_lambda":
+        return {"name": "constant"}
+    warmup = int(kw.get("num_warmup_steps", 0))
+    if name == "_get_constant_schedule_with_warmup_lr_lambda":
+        if warmup == 0:
+            return {"name": "constant"}
+        raise UnsupportedError(f"{where}: a warm-up then a constant lr for ever is no spec schedule yet (its "
+                               f"warm-up starts at 0, which torch's LinearLR cannot); use wsd with the decay at "
+                               f"the end of the run")
+    if name == "_get_linear_schedule_with_warmup_lr_lambda":
+        total = int(kw["num_training_steps"])
+        if total <= warmup:
+            raise UnsupportedError(f"{where}: num_training_steps = {total} <= num_warmup_steps = {warmup} leaves no "
+                                   f"decay (the lr is 0 after the warm-up)")
+        return {"name": "wsd", "warmup_steps": warmup, "start_factor": 0.0, "total_steps": total,
+                "decay_steps": total - warmup, "decay_type": "linear", "eta_min": 0.0}
+    if name == "_get_cosine_schedule_with_warmup_lr_lambda":
+        total, cycles, rate = int(kw["num_training_steps"]), float(kw["num_cycles"]), float(kw.get("min_lr_rate", 0))
+        half = _whole((max(1, total - warmup)) / (2 * cycles) if cycles > 0 else math.inf,
+                      f"{where}: its half period (num_training_steps − num_warmup_steps) / (2·num_cycles)")
+        if rate and any(b != base[0] for b in base):
+            raise UnsupportedError(f"{where}: min_lr_rate = {rate} of groups with different lrs ({base}) is no one "
+                                   f"eta_min; twinstep's eta_min is an lr")
+        return {"name": "warmup_cosine", "warmup_steps": warmup, "total_steps": warmup + half, "start_factor": 0.0,
+                "eta_min": rate * base[0], "convention": "torch"}
+    if name == "_get_inverse_sqrt_schedule_lr_lambda":
+        return {"name": "inverse_sqrt", "warmup_steps": warmup, "start_factor": 0.0,
+                "timescale": _whole(float(kw["timescale"]), f"{where}: timescale")}
+    raise UnsupportedError(f"{where} cannot be translated: twinstep reads transformers' constant, linear, cosine "
+                           f"and inverse_sqrt schedules with warm-up; write the [schedule] section by hand")
