@@ -12,9 +12,11 @@ its mathematics can be read from the name and the keywords (transformers 5.x):
                                                       min_lr_rate as eta_min, num_cycles when the
                                                       half period is a whole number of updates
     _get_inverse_sqrt_schedule_lr_lambda              inverse_sqrt (warm-up from 0, timescale)
+    _get_wsd_scheduler_lambda                         wsd (linear warm-up from min_lr_ratio, decay
+                                                      linear | cosine | 1-sqrt to min_lr_ratio)
 
-Every warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions (hard
-restarts, polynomial with lr_init, wsd, constant after a warm-up) are refused naming the function.
+Every other warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions
+(hard restarts, polynomial with lr_init, constant after a warm-up) are refused naming the function.
 """
 
 from __future__ import annotations
@@ -70,8 +72,29 @@ def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, A
                                    f"eta_min; twinstep's eta_min is an lr")
         return {"name": "warmup_cosine", "warmup_steps": warmup, "total_steps": warmup + half, "start_factor": 0.0,
                 "eta_min": rate * base[0], "convention": "torch"}
+    if name == "_get_wsd_scheduler_lambda":
+        return _wsd(kw, base, where)
     if name == "_get_inverse_sqrt_schedule_lr_lambda":
         return {"name": "inverse_sqrt", "warmup_steps": warmup, "start_factor": 0.0,
                 "timescale": _whole(float(kw["timescale"]), f"{where}: timescale")}
-    raise UnsupportedError(f"{where} cannot be translated: twinstep reads transformers' constant, linear, cosine "
-                           f"and inverse_sqrt schedules with warm-up; write the [schedule] section by hand")
+    raise UnsupportedError(f"{where} cannot be translated: twinstep reads transformers' constant, linear, cosine, "
+                           f"inverse_sqrt and wsd schedules; write the [schedule] section by hand")
+
+
+def _wsd(kw: dict[str, Any], base: list[float], where: str) -> dict[str, Any]:
+    # HF's warm-up starts at min_lr_ratio (twinstep's start_factor), its floor is min_lr_ratio·lr
+    warmup, stable, decay = int(kw["num_warmup_steps"]), int(kw["num_stable_steps"]), int(kw["num_decay_steps"])
+    rate, shape = float(kw["min_lr_ratio"]), kw["decay_type"]
+    if kw["warmup_type"] != "linear" and warmup > 0:
+        raise UnsupportedError(f"{where}: warmup_type = {kw['warmup_type']!r}; twinstep's warm-ups are linear")
+    if shape == "cosine" and float(kw["num_cycles"]) != 0.5:
+        raise UnsupportedError(f"{where}: a cosine decay with num_cycles = {kw['num_cycles']} is not wsd's half "
+                               f"cosine (num_cycles = 0.5)")
+    if decay < 1 or stable < 0:
+        raise UnsupportedError(f"{where}: num_decay_steps = {decay}, num_stable_steps = {stable}: wsd needs a decay "
+                               f"of at least 1 update and no negative stable part")
+    if rate and any(b != base[0] for b in base):
+        raise UnsupportedError(f"{where}: min_lr_ratio = {rate} of groups with different lrs ({base}) is no one "
+                               f"eta_min; twinstep's eta_min is an lr")
+    return {"name": "wsd", "warmup_steps": warmup, "start_factor": rate, "total_steps": warmup + stable + decay,
+            "decay_steps": decay, "decay_type": shape, "eta_min": rate * base[0]}
