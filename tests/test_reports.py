@@ -208,3 +208,31 @@ def test_a_row_holds_only_when_the_case_fails_as_it_states(stated, message, abs_
 
     got = holds(stated, Result("loss/a", "native", False, abs_err, rel_err, message))
     assert (wrong in got and got) if wrong else got == ""
+
+
+@pytest.mark.parametrize("row, rc, words", [
+    ("**torch fails** (rel ≤ 1) `loss/tiny-mse-wrong`", 0, "1 failure(s) listed there, 0 not"),
+    ("", 1, "not in the ledger: loss/tiny-mse-wrong[torch]: failed, and no ledger row lists it"),  # control
+    ("**torch fails** (NaN) `loss/tiny-mse-wrong`", 1, "fails by difference, the row says NaN"),  # control
+    ("**keras fails** (rel ≤ 1) `loss/tiny-mse-wrong`", 1, "no ledger row lists it"),  # control: another backend
+])
+def test_ledger_gate_exits_0_only_when_every_failure_is_listed_as_it_fails(tmp_path, capsys, row: str, rc: int,
+                                                                          words: str) -> None:
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "good.toml").write_text(CASE)
+    (cases / "wrong.toml").write_text(CASE.replace("tiny-mse", "tiny-mse-wrong").replace("8.5", "8.0"))
+    ledger = tmp_path / "ledger.md"
+    ledger.write_text(LEDGER + f"| L-W | w differs | z | case `loss/tiny-mse-wrong` {row} |\n")
+    assert main(["conform", "--cases", str(cases), "--backend", "torch", "--ledger", str(ledger)]) == rc
+    assert words in capsys.readouterr().out
+    assert main(["conform", "--cases", str(cases), "--backend", "torch"]) == 1  # without --ledger: a failure
+
+
+def test_ledger_gate_on_a_native_backend_with_the_bundled_ledger(tmp_path, capsys) -> None:
+    only = ["--only", "schedule/warmup-cosine-no-warmup", "--only", "schedule/linear-defaults", "--jobs", "1"]
+    assert main(["conform", "--backend", "torch-native", "--ledger", *only]) == 0
+    assert "1 failure(s) listed there, 0 not" in capsys.readouterr().out
+    assert main(["conform", "--backend", "torch-native", *only]) == 1
+    assert main(["conform", "--backend", "torch-native", "--ledger", str(tmp_path / "none.md"), *only]) == 2
+    assert "no divergence ledger rows in" in capsys.readouterr().err

@@ -5,7 +5,8 @@ the entry-point group `twinstep.backends`, or the dotted name of any importable 
 built-ins' module and function names (docs/backends.md). `--list-backends` lists the names.
 Exit status: 0 when no result failed and at least one passed; 1 otherwise (a case file that could
 not be loaded is a failed result, the other files still run); 2 for a usage error (a backend that
-cannot be imported, a missing case directory).
+cannot be imported, a missing case directory). With `--ledger`, failures the divergence ledger lists
+for their backend (failing as it states) do not count: a native backend's CI gate.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from conformance.harness.backends import BUILTINS, available_backends, get_backends
 from conformance.harness.case import collect_cases
-from conformance.harness.ledger import read_ledger
+from conformance.harness.ledger import LEDGER_FILE, read_ledger, unexpected
 from conformance.harness.report import (
     json_report,
     junit_xml,
@@ -46,8 +47,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (docs/contract.md §3)")
     p.add_argument("--junit", metavar="PATH", help="also write JUnit XML (one testcase per case × backend)")
     p.add_argument("--report", metavar="PATH", help="also write a Markdown case × backend matrix")
-    p.add_argument("--ledger", metavar="PATH",
-                   help="the divergence ledger the report cites (default: docs/divergences.md when present)")
+    p.add_argument("--ledger", nargs="?", const="", default=None, metavar="PATH",
+                   help="judge failures against the divergence ledger (default: docs/divergences.md): exit 0 "
+                        "when every failure is one a row lists for its backend, failing as the row states, "
+                        "1 on any other (a CI gate for a native backend); the report cites it too")
     p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                    help="worker processes (default: the CPUs this process may use; 1: every case in this "
                         "process, in order); results and their order are the same for every N")
@@ -88,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_backends:
         return list_backends()
     backends = get_backends(args.backend or "all")  # BackendError (exit 2) before any case runs
+    ledger = read_ledger(args.ledger or None)
+    if args.ledger is not None and not ledger:
+        print(f"twinstep: no divergence ledger rows in {args.ledger or LEDGER_FILE}", file=sys.stderr)
+        return 2
     cases, broken = collect_cases(args.cases, args.only)
     if not cases and not broken:
         print("twinstep: no cases matched", file=sys.stderr)
@@ -103,6 +110,17 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(Path(args.junit), junit_xml(results))
     if args.report:
         versions = {b.name: b.describe() for b in backends}
-        write_atomic(Path(args.report), markdown_report(results, read_ledger(args.ledger), versions))
+        write_atomic(Path(args.report), markdown_report(results, ledger, versions))
     summary = summarize(results)
+    if args.ledger is not None:
+        return _judged(results, ledger, args.ledger or str(LEDGER_FILE), summary["passed"] > 0)
     return 0 if summary["failed"] == 0 and summary["passed"] > 0 else 1
+
+
+def _judged(results: list[Any], rows: list[Any], where: str, any_passed: bool) -> int:
+    """The exit status of `--ledger`: 0 when every failure is one the ledger expects."""
+    lines, expected = unexpected(results, rows)
+    for line in lines:
+        print(f"not in the ledger: {line}")
+    print(f"ledger {where}: {expected} failure(s) listed there, {len(lines)} not")
+    return 0 if not lines and any_passed else 1

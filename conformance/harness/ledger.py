@@ -196,3 +196,18 @@ def audit(results: Iterable[Any], rows: list[LedgerRow], backend: str) -> Audit:
     misstated = [f"{row.id}: {r.case} {wrong}" for r in results if r.status == "failed" for row in rows
                  for how in row.stated(backend, r.case) if (wrong := holds(how, r))]
     return Audit(unexplained, stale, misstated)
+
+
+def unexpected(results: Iterable[Any], rows: list[LedgerRow]) -> tuple[list[str], int]:
+    """(one line per failure the ledger does not expect, how many failures it expects): a failure is
+    expected when a row lists its case for its backend and it fails the way that row states. For CI
+    gates on a native backend (`twinstep conform --ledger`); the twins' failures are never listed."""
+    results = list(results)
+    lines: list[str] = []
+    failed = [r for r in results if r.status == "failed"]
+    for backend in dict.fromkeys(r.backend for r in failed):
+        found = audit(results, rows, backend)
+        lines += [f"{case}[{backend}]: failed, and no ledger row lists it" for case in found.unexplained]
+        lines += [f"{entry.split(': ', 1)[1].split(' ', 1)[0]}[{backend}]: {entry}" for entry in found.misstated]
+    return lines, len(failed) - len(lines)
+
