@@ -54,8 +54,9 @@ def test_verify_and_list_a_healthy_run(run: Path, capsys: pytest.CaptureFixture)
     assert code == 0 and len(lines) == 3 and all(": verified" in line for line in lines)
     assert lines[0].startswith(str(run / "checkpoints" / ck.step_name(6))) and "--resume continues from it" in lines[0]
     code, lines = cli(capsys, "list", str(run / "checkpoints"))
-    assert code == 0 and [line.split()[0] for line in lines] == [ck.step_name(u) for u in (6, 4, 2)]
-    assert all("verified" in line and "update" in line for line in lines)
+    assert code == 0 and lines[0].split() == ["checkpoint", "update", "size", "age", "val_loss", "status"]
+    assert [line.split()[:2] for line in lines[1:]] == [[ck.step_name(u), str(u)] for u in (6, 4, 2)]
+    assert all("verified" in line for line in lines[1:])
     code, lines = cli(capsys, "verify", str(run / "checkpoints" / ck.step_name(4)))
     assert code == 0 and lines == [f"{run / 'checkpoints' / ck.step_name(4)}: verified (--resume continues from it)"]
     assert digest(run) == before  # nothing trained, nothing changed
@@ -79,7 +80,7 @@ def test_verify_names_what_is_refused_and_what_to_do(run: Path, tmp_path: Path, 
                              "checkpoint.allow_fallback=true)")
     assert "refused: " in lines[2] and "state.json: counters.schedule_t must be an integer in [0, 2]" in lines[2]
     code, lines = cli(capsys, "list", str(out))
-    assert code == 0 and "refused" in lines[0] and "val_loss" in lines[1]
+    assert code == 0 and "val_loss" in lines[0] and "refused" in lines[1] and "verified" in lines[2]
 
 
 
@@ -119,7 +120,7 @@ def test_verify_during_rotation_says_removed_and_exits_0(run: Path, tmp_path: Pa
     assert code == 0 and len(lines) == 3 and lines[0].endswith("verified (--resume continues from it)")
     assert lines[2] == f"{oldest}: removed while being read (the run's checkpoint.keep_last rotated it away)"
     code, lines = cli(capsys, "list", str(out))
-    assert code == 0 and len(lines) == 2  # nothing left to rotate: listed, both verified
+    assert code == 0 and len(lines) == 3  # a header, then nothing left to rotate: both listed and verified
 
 
 def test_negative_control_a_present_checkpoint_missing_a_file_is_refused(run: Path, tmp_path: Path,

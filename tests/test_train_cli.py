@@ -176,3 +176,17 @@ def test_metrics_lines_are_strict_json(tmp_path: Path) -> None:
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     skipped = updates(read_metrics(out / "metrics.jsonl"))[1]
     assert skipped["skipped"] and skipped["loss"] == math.inf and skipped["grad_norm"] is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "--backend", "foo", "--out", "x"],
+     "twinstep train: error: argument --backend: invalid choice: 'foo' (choose from 'torch', 'jax')"),
+    (["train", "--out", "x", "--nope"], "twinstep: error: unrecognized arguments: --nope"),
+    (["checkpoint", "nope", "x"], "twinstep checkpoint: error: argument action: invalid choice: 'nope'"),
+])
+def test_a_usage_error_is_one_line_with_its_choices(argv: list, words: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and words in err and err.count("\n") == 1 and "usage:" not in err
+

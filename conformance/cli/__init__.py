@@ -1,7 +1,8 @@
 """The `twinstep` command line. Each subcommand is a module here with `add_parser` and `run`.
 
 Errors the user can fix (a bad config, a malformed case, a corrupt checkpoint, an unusable path)
-are printed as one line on stderr with exit status 2, never as a traceback; TWINSTEP_DEBUG=1 shows
+are printed as one line on stderr with exit status 2, never as a traceback (usage errors too:
+an unknown option or choice is one line naming it); TWINSTEP_DEBUG=1 shows
 the traceback. A run stopped by SIGTERM / SIGINT after saving (conformance.errors.Preempted) prints
 where it saved and exits 128 + signal (143, 130). Warnings, twinstep's and any library's, are one
 line each: `twinstep: warning: <message>`, never Python's two-line format with a source line.
@@ -34,8 +35,16 @@ def show_warning(message: Any, category: type[Warning], filename: str, lineno: i
         pass  # stderr closed: a warning must not end the run
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors in one line (argparse prints the usage first): the
+    choices are in argparse's message already, `--help` shows the usage."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="twinstep",
         description="One training pipeline in PyTorch and JAX, proven equal by a conformance suite.",
     )

@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     refused = 0
     resumes_from: Path | None = None
+    if args.action == "list":
+        print(f"{'checkpoint':<13}  {'update':>8}  {'size':>14}  {'age':>10}  {'val_loss':>10}  status")
     for update, step in found:
         try:
             loaded = load_valid(step)
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             age = f"{(time.time() - manifest['created_unix']) / 3600:8.1f} h" if manifest else " " * 10
             val = manifest.get("val_loss") if manifest else None
             val_text = f"{val:.6g}" if isinstance(val, (int, float)) else "-"
-            print(f"{step.name}  update {update:>8}  {_size(step):>12} B  {age}  val_loss {val_text:>10}  {status}")
+            print(f"{step.name:<13}  {update:>8}  {_size(step):>12} B  {age}  {val_text:>10}  {status}")
         else:
             print(f"{step}: {status}")
     return 1 if refused and args.action == "verify" else 0
