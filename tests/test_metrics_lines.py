@@ -103,3 +103,42 @@ def test_logging_after_close_is_a_path_error(tmp_path: Path) -> None:
     log.close()
     with pytest.raises(metrics_module.PathError, match="the metrics log is closed"):
         log.log_update(_update(0))
+
+
+def _progress(tmp_path: Path, records: list[dict], log_every: int) -> list[str]:
+    import io
+
+    stream = io.StringIO()
+    log = MetricsLog(tmp_path, len(records), progress="lines", log_every=log_every, stream=stream)
+    for rec in records:
+        log.log_update(rec)
+    log.close()
+    return stream.getvalue().splitlines()
+
+
+def test_progress_speed_is_the_interval_s_without_the_start_up_update(tmp_path: Path) -> None:
+    """Rates 10 (update 0: compiling), then 100, 50, 200 (lines at updates 0, 3 and the last, 5) and
+    200, 25: the lines say start-up, then 3/(1/100 + 1/50 + 1/200) = 85.71 (the samples over the
+    time of equal windows), then 2/(1/200 + 1/25) = 44.44. Controls: the plain means (117, 112) or
+    the start-up update counted (3/(1/10 + ...) = 22.6) would differ."""
+    rates = [10.0, 100.0, 50.0, 200.0, 200.0, 25.0]
+    records = [{**_update(u), "samples_per_s": r} for u, r in enumerate(rates)]
+    lines = _progress(tmp_path, records, log_every=3)
+    assert [line.split("grad_norm nan ")[1] for line in lines] == [
+        "(start-up, no speed yet)", "86 samples/s", "44 samples/s"]
+
+
+def test_progress_speaks_tokens_and_mfu_for_language_data(tmp_path: Path) -> None:
+    records = [{**_update(u), "samples_per_s": 2.0, "tokens_per_s": t, "mfu": m}
+               for u, (t, m) in enumerate([(1.0, 0.01), (3000.0, 0.3), (6000.0, 0.5)])]
+    lines = _progress(tmp_path, records, log_every=2)
+    assert lines[-1].endswith(" 4000 tokens/s mfu 40.0%") and "samples/s" not in "".join(lines)
+
+
+@pytest.mark.parametrize("val_loss, want", [(2.0, math.exp(2.0)), (800.0, math.inf), (math.nan, math.nan)])
+def test_language_model_evaluations_carry_perplexity(val_loss: float, want: float) -> None:
+    from conformance.run.records import EvalTotals, eval_record
+
+    rec = eval_record(4, EvalTotals(loss_sum=val_loss * 8, count=8.0), language_model=True)
+    assert rec["val_perplexity"] == want or (math.isnan(want) and math.isnan(rec["val_perplexity"]))
+    assert "val_perplexity" not in eval_record(4, EvalTotals(loss_sum=16.0, count=8.0, correct=3, predictions=8))

@@ -84,7 +84,7 @@ def drive(run: Run, steps: Steps) -> TrainResult:
                                                  done.compute_s, **extra))
         val_loss = None
         if eval_due(run, t):
-            record = eval_record(t, steps.evaluate(t))
+            record = eval_record(t, steps.evaluate(t), run.data.info.task == "language_model")
             record_evaluation(run, record)
             steps.observe(record)  # updates t + 1, ... apply what it decides
             val_loss = record["val_loss"]

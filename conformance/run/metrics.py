@@ -146,6 +146,8 @@ class MetricsLog:
         self._mode = mode
         self._tb = _TensorBoard(Path(out_dir) / "tensorboard") if tensorboard else None
         self._pending: list[Mapping[str, Any]] = []  # update records not yet written
+        self._rates: list[tuple[float, float | None, float | None]] = []  # since the last progress line
+        self._started = False  # this process's first update (compilation, warm-up) is not a speed
         self._flushed_at = time.monotonic()
 
     def _truncate(self, before: int) -> None:
@@ -202,14 +204,36 @@ class MetricsLog:
             if u % self.log_every == 0:
                 self._bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4g}",
                                       lr=f"{(rec.get('lr') or [0])[0]:.3g}", refresh=False)
-        elif self._mode == "lines" and (u % self.log_every == 0 or u + 1 == self.total):
-            scale = rec.get("loss_scale")
-            extra = f" scale {scale:g}" if isinstance(scale, (int, float)) else ""
-            skip = " SKIPPED" if rec.get("skipped") else ""
-            self.stream.write(
-                f"update {u + 1}/{self.total} epoch {rec.get('epoch')} loss {rec.get('loss', float('nan')):.6g} "
-                f"lr {(rec.get('lr') or [0])[0]:.4g} grad_norm {rec.get('grad_norm', float('nan')):.4g}"
-                f"{extra}{skip} {rec.get('samples_per_s', 0):.0f} samples/s\n")
+        elif self._mode == "lines":
+            if self._started:
+                self._rates.append((rec.get("samples_per_s") or 0.0, rec.get("tokens_per_s"), rec.get("mfu")))
+            self._started = True
+            if u % self.log_every == 0 or u + 1 == self.total:
+                scale = rec.get("loss_scale")
+                extra = f" scale {scale:g}" if isinstance(scale, (int, float)) else ""
+                skip = " SKIPPED" if rec.get("skipped") else ""
+                self.stream.write(
+                    f"update {u + 1}/{self.total} epoch {rec.get('epoch')} loss {rec.get('loss', float('nan')):.6g} "
+                    f"lr {(rec.get('lr') or [0])[0]:.4g} grad_norm {rec.get('grad_norm', float('nan')):.4g}"
+                    f"{extra}{skip} {self._speed()}\n")
+
+    def _speed(self) -> str:
+        """The speed of the updates since the previous progress line, without this process's first
+        (which compiles and warms up): the harmonic mean of their rates, i.e. their samples over their
+        time for equal windows; tokens/s (and MFU) for language data."""
+        rates, self._rates = self._rates, []
+        if not rates:
+            return "(start-up, no speed yet)"
+
+        def mean(values: list[float]) -> float:
+            return len(values) / sum(1 / v for v in values) if all(v > 0 for v in values) else 0.0
+
+        if all(t is not None for _, t, _ in rates):
+            text = f"{mean([t for _, t, _ in rates]):.0f} tokens/s"
+            if all(m is not None for _, _, m in rates):
+                text += f" mfu {100 * sum(m for _, _, m in rates) / len(rates):.1f}%"
+            return text
+        return f"{mean([r for r, _, _ in rates]):.0f} samples/s"
 
     def log_eval(self, record: Mapping[str, Any]) -> None:
         rec = {"event": "eval", **record}

@@ -76,12 +76,15 @@ def add_eval(total: EvalTotals, loss_sum: float, count: float, correct: int = 0,
                       total.predictions + predictions)
 
 
-def eval_record(t: int, total: EvalTotals) -> dict[str, Any]:
-    """One `eval` line: val_loss = Σ sums / Σ counts (exactly the full validation mean), and
-    val_accuracy for classification."""
+def eval_record(t: int, total: EvalTotals, language_model: bool = False) -> dict[str, Any]:
+    """One `eval` line: val_loss = Σ sums / Σ counts (exactly the full validation mean),
+    val_accuracy for classification, and val_perplexity = exp(val_loss) for a language model (the
+    loss is the mean token cross-entropy in nats)."""
     rec: dict[str, Any] = {"update": t, "val_loss": total.loss_sum / total.count if total.count else float("nan")}
     if total.predictions:
         rec["val_accuracy"] = total.correct / total.predictions
+    if language_model:
+        rec["val_perplexity"] = math.exp(rec["val_loss"]) if not rec["val_loss"] > 709.0 else math.inf
     return rec
 
 

@@ -188,6 +188,9 @@ def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, worl
             log = MetricsLog(out, data.planned_updates, resume_from=counters.updates_done if resume else None,
                              progress=progress, tensorboard=bool(getattr(config.run, "tensorboard", False)),
                              log_every=config.run.log_every)
+            if resume:  # never silent: where it continues, or that there was nothing to continue
+                log.note(f"resumed from {checkpoint.path} (update {counters.updates_done})" if checkpoint else
+                         f"--resume: no checkpoint in {out / 'checkpoints'}; starting at update 0")
     return Run(config, out, backend, data, log, checkpoint, counters, rank, world_size, events, owner)
 
 

@@ -66,7 +66,8 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
     if draw(st.booleans()):
         o["weight_decay"] = f(0.0, 0.3)
     if name not in ("sgd", "rmsprop", "adagrad", "adafactor", "muon", "schedule_free_sgd"):
-        o["betas"] = [f(0.0, 0.99), f(0.5, 0.9999)]
+        # schedule-free AdamW's evaluation point divides by β1: β1 > 0 there (a ConfigError at 0)
+        o["betas"] = [f(0.05 if name == "schedule_free_adamw" else 0.0, 0.99), f(0.5, 0.9999)]
     if name in ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad", "schedule_free_adamw"):
         o["eps"] = 10 ** f(-10, -2)
     if name in ("schedule_free_adamw", "schedule_free_sgd"):
@@ -102,6 +103,10 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
             o = {k: v for k, v in o.items() if k != "momentum_decay"} | {"momentum_schedule": False}
     elif name == "adafactor":
         o.update(beta2_decay=f(-1.0, -0.2), d=f(1.0, 3.0), eps=[draw(st.sampled_from(["auto", 1e-20])), f(1e-4, 1e-2)])
+    elif name == "ademamix":
+        o.update(beta3=f(0.9, 0.9999), alpha=f(0.0, 8.0))
+        if not group:
+            o.update(alpha_warmup=draw(st.integers(0, 6)), beta3_warmup=draw(st.integers(0, 6)))
     elif name == "muon":
         o.update(momentum=f(0.5, 0.99), ns_dtype="float64", eps=10 ** f(-9, -5))
         if not group:
