@@ -172,9 +172,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write a small text file so that a reader sees the old or the new content, never a mix (a
     temp file `.NAME.tmp-XXXXXXXX` beside it, fsync'ed, renamed; a kill leaves at most that temp
     file, which the next run removes: conformance.run.rundir)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """write_text_atomic for bytes."""
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        create_durable(tmp, text.encode("utf-8"))
+        create_durable(tmp, data)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

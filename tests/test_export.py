@@ -322,9 +322,23 @@ def test_token_shard_run_records_the_named_tokenizer(tmp_path: Path,
     text = GPT.format(bias="true", dropout=0.0, corpus="-").replace('name = "text"\npath = "-"', (
         f'name = "tokens"\npath = "{tmp_path}/shards/train_*.bin"')).replace("n_embd = 16", "n_embd = 16\nvocab_size = 256")
     run = _train("torch", text, tmp_path / "run")
+    beside = tmp_path / "shards" / "tokenizer.json"  # written by data tokenize
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "found")], capsys)
+    assert code == 0 and "warning" not in err and "vocabulary: tokenizer.json" in err
+    assert (tmp_path / "found" / "tokenizer.json").read_bytes() == beside.read_bytes()
+    assert AutoTokenizer.from_pretrained(tmp_path / "found")("cat é")["input_ids"] == list("cat é".encode())
+    kept = beside.read_bytes()
+    beside.unlink()  # control: nothing beside the shards, nothing recorded
     code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "plain")], capsys)
-    assert code == 0 and "warning: the vocabulary is not recorded" in err and "--tokenizer bytes" in err
-    assert not (tmp_path / "plain" / "tokenizer.json").exists()
+    assert code == 0 and "warning: the vocabulary is not recorded: no tokenizer.json beside" in err
+    assert "--tokenizer bytes" in err and not (tmp_path / "plain" / "tokenizer.json").exists()
+    beside.write_bytes(kept)
+    shard = tmp_path / "shards" / "train_000000.bin"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # control: other shards beside the tokenizer (another token), so not the run's
+    shard.write_bytes(bytes(data))
+    code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "other")], capsys)
+    assert code == 0 and "are not the ones the run trained on" in err and not (tmp_path / "other" / "tokenizer.json").exists()
     code, err = _cli([str(run), "--to", "hf", "-o", str(tmp_path / "hf"), "--tokenizer", "bytes"], capsys)
     assert code == 0 and "vocabulary: bytes" in err
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")

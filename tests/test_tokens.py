@@ -259,3 +259,26 @@ def test_tokenize_with_a_tokenizer_json(tmp_path: Path) -> None:
     text.write_text("the fox\nthe dog jumps\n")
     s = tokenize([str(text)], tmp_path / "out", tokenizer=str(tmp_path / "tokenizer.json"), progress=False)
     assert s.vocab_size == 4 and _tokens(s.train_shards[0]).tolist() == [1, 2, 1, 3, 0]
+    assert s.tokenizer == tmp_path / "out" / "tokenizer.json"  # a copy beside the shards, byte for byte
+    assert s.tokenizer.read_bytes() == (tmp_path / "tokenizer.json").read_bytes()
+
+
+def test_tokenize_writes_the_byte_tokenizer_beside_the_shards(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    (tmp_path / "a.txt").write_text("héllo\n")
+    s = tokenize([str(tmp_path / "a.txt")], tmp_path / "out", progress=False)
+    tok = tokenizers.Tokenizer.from_file(str(s.tokenizer))
+    assert tok.encode("héllo", add_special_tokens=False).ids == list("héllo".encode()) == _tokens(s.train_shards[0]
+                                                                                                 ).tolist()[:6]
+
+
+@pytest.mark.parametrize("head, refused", [(b"\x7fELF\x02\x01\x01\x00", True), ("plain text\n".encode(), False)],
+                         ids=["binary", "text-control"])
+def test_tokenize_refuses_a_binary_file_before_writing(tmp_path: Path, head: bytes, refused: bool) -> None:
+    (tmp_path / "prog").write_bytes(head + b"more bytes" * 100)
+    proc = cli("data", "tokenize", str(tmp_path / "prog"), "-o", str(tmp_path / "out"), "--progress", "none")
+    if refused:
+        assert proc.returncode == 2 and f"{tmp_path / 'prog'} looks binary (a NUL byte at offset 7)" in proc.stderr
+        assert not (tmp_path / "out").exists()
+    else:
+        assert proc.returncode == 0 and (tmp_path / "out" / "tokenizer.json").is_file()

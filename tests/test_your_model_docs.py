@@ -64,5 +64,5 @@ def test_gpt_on_tokenized_shards_runs_as_written(tmp_path: Path) -> None:
     proc = run_process(["bash", "-e", "-c", script], "run the documented commands", PROCESS_S, cwd=tmp_path, env=env,
                        capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["train_000000.bin", "val_000000.bin"]
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["tokenizer.json", "train_000000.bin", "val_000000.bin"]
     learned(tmp_path / "runs" / "gpt-shards")

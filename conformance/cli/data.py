@@ -40,5 +40,5 @@ def run(args: argparse.Namespace) -> int:
     s = tokenize(args.files, args.out, args.tokenizer, args.val_fraction, args.shard_tokens, progress=show)
     print(f"twinstep: wrote {s.train_tokens} training tokens in {len(s.train_shards)} shard(s) and "
           f"{s.val_tokens} validation tokens in {len(s.val_shards)} to {args.out} (vocabulary {s.vocab_size}: "
-          f"set model.vocab_size >= {s.vocab_size})", file=sys.stderr)
+          f"set model.vocab_size >= {s.vocab_size}) with the tokenizer in {s.tokenizer}", file=sys.stderr)
     return 0

@@ -8,7 +8,10 @@ vocabularies up to 65536, as the shards hold uint16; text is encoded a line at a
 keeping its newline, without special tokens). Each file's last `val_fraction` of tokens goes to the
 validation shards, the rest to the training shards, in the order of the files; shards hold at most
 `shard_tokens` tokens and are named train_000000.bin, ..., val_000000.bin, ... Each shard is
-written atomically (conformance.data.shards.ShardWriter). Bytes are streamed in chunks; a
+written atomically (conformance.data.shards.ShardWriter), and so is `tokenizer.json` beside them
+(the byte tokenizer as a Hugging Face tokenizer.json, or a copy of the one given), which `twinstep
+export` picks up for a run on these shards. A file with a NUL byte in its first 64 KiB is refused
+as binary (git's rule), before anything is written. Bytes are streamed in chunks; a
 tokenizer.json keeps one file's tokens in memory (2 bytes a token) to split off its validation part.
 """
 
@@ -26,20 +29,22 @@ import numpy as np
 from conformance.data.opening import open_data
 from conformance.data.shards import MAX_VOCAB, ShardWriter
 from conformance.errors import ConfigError, InputError, UnsupportedError
-from conformance.files import read_regular
+from conformance.files import read_regular, write_bytes_atomic
 
 CHUNK = 16 << 20  # bytes read at a time
 LINES = 4096  # lines encoded per batch with a tokenizer.json
 MAX_TOKENIZER_BYTES = 1 << 30  # a tokenizer.json is read whole (the largest vocabularies take a few hundred MiB)
+BINARY_PROBE = 64 << 10  # bytes of each input checked for a NUL
 
 
 class Encoder(NamedTuple):
-    """A tokenizer: its name, vocabulary size and `chunks(path, advance)`: the file's tokens, a chunk at a
-    time (advance(n) reports n bytes read)."""
+    """A tokenizer: its name, vocabulary size, `chunks(path, advance)`: the file's tokens, a chunk at a
+    time (advance(n) reports n bytes read), and its tokenizer.json (written beside the shards)."""
 
     name: str
     vocab_size: int
     chunks: Callable[[Path, Callable[[int], None]], Iterator[np.ndarray]]
+    tokenizer_json: bytes
 
 
 def _byte_chunks(path: Path, advance: Callable[[int], None]) -> Iterator[np.ndarray]:
@@ -78,7 +83,7 @@ def _hf(path: str) -> Encoder:
             if lines:
                 yield _encode(tok, lines, advance)
 
-    return Encoder(path, vocab, chunks)
+    return Encoder(path, vocab, chunks, text)
 
 
 def _encode(tok: Any, lines: list[str], advance: Callable[[int], None]) -> np.ndarray:
@@ -90,7 +95,9 @@ def _encode(tok: Any, lines: list[str], advance: Callable[[int], None]) -> np.nd
 def encoder(name: str) -> Encoder:
     """"bytes", or the path of a tokenizer.json."""
     if name == "bytes":
-        return Encoder("bytes", 256, _byte_chunks)
+        from conformance.export.vocab import byte_vocabulary, tokenizer_json
+
+        return Encoder("bytes", 256, _byte_chunks, tokenizer_json(byte_vocabulary()))
     if not Path(name).exists():
         raise ConfigError(f"--tokenizer must be 'bytes' or the path of a tokenizer.json; {name} is not a file")
     return _hf(name)
@@ -135,6 +142,7 @@ class Summary(NamedTuple):
     val_tokens: int
     train_shards: list[Path]
     val_shards: list[Path]
+    tokenizer: Path
 
 
 def _check_inputs(files: Sequence[str], out: Path, val_fraction: float, shard_tokens: int) -> list[Path]:
@@ -145,7 +153,11 @@ def _check_inputs(files: Sequence[str], out: Path, val_fraction: float, shard_to
     paths = [Path(f).expanduser() for f in files]
     for p in paths:  # regular files only: a FIFO or a device is refused now, not read forever later
         f, _ = open_data(p, str(p), error=ConfigError)
-        f.close()
+        with f:
+            head = f.read(BINARY_PROBE)
+        if b"\0" in head:  # an executable, an image, a compressed file: not text
+            raise InputError(f"{p} looks binary (a NUL byte at offset {head.index(0)}); data tokenize reads "
+                             f"text files")
     if out.exists() and (any(out.glob("train_*.bin")) or any(out.glob("val_*.bin"))):
         raise ConfigError(f"-o {out} already holds token shards; choose another directory (nothing was overwritten)")
     return paths
@@ -169,13 +181,14 @@ def tokenize(files: Sequence[str], out_dir: str | Path, tokenizer: str = "bytes"
             _one_file(enc, p, val_fraction, train, val, bar.update)
         train.close()
         val.close()
+        write_bytes_atomic(out / "tokenizer.json", enc.tokenizer_json)
     except BaseException:
         train.abort()
         val.abort()
         raise
     finally:
         bar.close()
-    return Summary(enc.vocab_size, train.tokens, val.tokens, train.paths, val.paths)
+    return Summary(enc.vocab_size, train.tokens, val.tokens, train.paths, val.paths, out / "tokenizer.json")
 
 
 def _one_file(enc: Encoder, path: Path, fraction: float, train: _Shards, val: _Shards,

@@ -3,9 +3,10 @@
 A text run's vocabulary is the sorted characters of its corpus (docs/models.md, "Data"): token i is
 the i-th character. It is rebuilt from the run's `[data]` and accepted only when the data's
 fingerprint equals the one the checkpoint recorded (a changed or missing corpus would silently map
-ids to other characters). Token shards do not record their tokenizer, so the user names it:
-`bytes` (token = byte value, `twinstep data tokenize`'s default) or the tokenizer.json the shards
-were made with (copied). Characters and bytes become a byte-pair-encoding tokenizer.json without
+ids to other characters). A run on token shards uses the tokenizer.json `twinstep data tokenize`
+wrote beside its training shards, when the shards' fingerprint is still the checkpoint's; else the
+user names it: `bytes` (token = byte value, `twinstep data tokenize`'s default) or the
+tokenizer.json the shards were made with (copied). Characters and bytes become a byte-pair-encoding tokenizer.json without
 merges (each character, or each byte in GPT-2's byte-to-unicode spelling, is one token), with
 decoders that give the text back unchanged.
 """
@@ -93,6 +94,40 @@ def _text_chars(config: Config, recorded: str | None) -> tuple[str, ...] | None:
     return info.vocab
 
 
+def _beside_shards(config: Config, meta: dict[str, Any] | None) -> Vocabulary | None:
+    """The tokenizer.json `twinstep data tokenize` wrote beside the run's training shards, when the
+    shards are still the ones the run trained on (their fingerprint is the checkpoint's)."""
+    from conformance.data.tokens import shard_paths
+
+    try:
+        beside = Path(shard_paths(config.data.path, "data.path")[0]).parent / "tokenizer.json"
+    except TwinstepError:
+        beside = None
+    if beside is None or not beside.is_file():
+        warnings.warn("the vocabulary is not recorded: no tokenizer.json beside the run's token shards (twinstep "
+                      "data tokenize writes one); name it with --tokenizer bytes or --tokenizer PATH/tokenizer.json",
+                      TwinstepWarning, stacklevel=3)
+        return None
+    recorded = ((meta or {}).get("data") or {}).get("fingerprint")
+    if recorded is None or _fingerprint(config) != recorded:
+        warnings.warn(f"the vocabulary is not recorded: the shards beside {beside} are not the ones the run trained "
+                      f"on (their data fingerprint differs); name the tokenizer with --tokenizer",
+                      TwinstepWarning, stacklevel=3)
+        return None
+    return file_vocabulary(str(beside))
+
+
+def _fingerprint(config: Config) -> str | None:
+    from conformance.data.datasets import load_dataset
+
+    spec = config.data
+    seed = spec.seed if spec.seed is not None else config.run.seed
+    try:
+        return load_dataset(spec, seed, spec.block_size or config.model.block_size).info.fingerprint
+    except TwinstepError:
+        return None
+
+
 def run_vocabulary(config: Config, meta: dict[str, Any] | None, tokenizer: str | None, vocab_size: int) -> Vocabulary | None:
     """The run's vocabulary (see the module docstring), or None with a warning saying why."""
     data = config.data.name
@@ -104,10 +139,11 @@ def run_vocabulary(config: Config, meta: dict[str, Any] | None, tokenizer: str |
         chars = _text_chars(config, recorded)
         found = None if chars is None else char_vocabulary(tuple(chars))
     elif tokenizer is None:
-        if data == "tokens":
-            warnings.warn("the vocabulary is not recorded: token shards do not say their tokenizer; name it with "
-                          "--tokenizer bytes or --tokenizer PATH/tokenizer.json", TwinstepWarning, stacklevel=2)
-        return None
+        if data != "tokens":
+            return None
+        found = _beside_shards(config, meta)
+        if found is None:
+            return None
     else:
         found = byte_vocabulary() if tokenizer == "bytes" else file_vocabulary(tokenizer)
     if found is not None and found.size > vocab_size:
@@ -127,10 +163,14 @@ def describe(vocab: Vocabulary | None) -> dict[str, Any] | None:
     return out
 
 
+def tokenizer_json(vocab: Vocabulary) -> bytes:
+    """The vocabulary's tokenizer.json bytes (a named file's own bytes, unchanged)."""
+    return vocab.raw if vocab.raw is not None else json.dumps(vocab.tokenizer, ensure_ascii=False, indent=1).encode()
+
+
 def tokenizer_files(vocab: Vocabulary, block_size: int) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json (PreTrainedTokenizerFast) for an export directory."""
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
               "clean_up_tokenization_spaces": False}
-    made = vocab.raw if vocab.raw is not None else json.dumps(vocab.tokenizer, ensure_ascii=False, indent=1).encode()
-    return {"tokenizer.json": made,
+    return {"tokenizer.json": tokenizer_json(vocab),
             "tokenizer_config.json": (json.dumps(config, indent=1) + "\n").encode("utf-8")}
