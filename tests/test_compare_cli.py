@@ -58,6 +58,9 @@ def run_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 def test_equal_runs_pass_and_print_every_update(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     a, b = write_run(tmp_path / "a", base()), write_run(tmp_path / "b", base())
     rc, out, _ = run_cli(capsys, str(a), str(b))
+    assert rc == 0 and "PASS" in out and len(out.splitlines()) == 3  # by default the summary only
+    assert "worst: update 0 (0% of the tolerance)" in out
+    rc, out, _ = run_cli(capsys, str(a), str(b), "--all")
     assert rc == 0 and "PASS" in out
     rows = [ln for ln in out.splitlines() if ln.strip() and ln.split()[0].isdigit() and "compared" not in ln]
     assert [int(r.split()[0]) for r in rows] == list(range(6))
@@ -72,7 +75,8 @@ def test_first_update_beyond_tolerance_is_named(tmp_path: Path, capsys: pytest.C
     rc, out, _ = run_cli(capsys, str(a), str(b), "--quiet")
     assert rc == 1
     assert "FAIL: first beyond rtol 1e-10, atol 1e-12 at update 3: loss 0.25 vs 0.25000000025 (rel 1.00e-09)" in out
-    assert len(out.splitlines()) == 2  # --quiet: the summary only
+    assert len(out.splitlines()) == 3  # --quiet: the summary only
+    assert "worst: update 5 (9.43e+08% of the tolerance)" in out  # not the first failure: the largest
     rc, out, _ = run_cli(capsys, str(a), str(b), "--rtol", "1e-2", "--quiet")
     assert rc == 0 and "PASS: every value within rtol 0.01, atol 0" in out
 
@@ -100,11 +104,27 @@ def test_matching_overflows_pass_and_a_lone_one_fails(tmp_path: Path, capsys: py
 
 def test_missing_updates_and_config_differences_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     a = write_run(tmp_path / "a", base())
-    b = write_run(tmp_path / "b", base()[:-1], optimizer={"lr": 0.5})
+    b = write_run(tmp_path / "b", [r for r in base() if r.get("update") != 3], optimizer={"lr": 0.5})
     rc, out, _ = run_cli(capsys, str(a), str(b), "--quiet")
     assert rc == 1
-    assert "problem: run B has no line for update 5" in out
+    assert "problem: run B has no line for update 3" in out  # a hole inside B's range
     assert "note: configs differ: optimizer.lr = 0.001 in A, 0.5 in B" in out
+
+
+def test_a_shorter_run_is_compared_over_the_updates_both_have(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a = write_run(tmp_path / "a", base())
+    b = write_run(tmp_path / "b", [r for r in base() if r.get("update", 0) < 4])
+    rc, out, _ = run_cli(capsys, str(a), str(b))
+    assert rc == 0 and "note: run B ends after update 3: compared the 4 updates both runs have (2 more in run A)" in out
+    assert "4 updates" in out and "PASS" in out
+    rc, out, _ = run_cli(capsys, str(b), str(a))  # either side may be the shorter
+    assert rc == 0 and "note: run A ends after update 3" in out
+    recs = [r for r in base() if r.get("update", 0) < 4]
+    recs[1] = line(1, 0.5 * (1 + 1e-6))  # control: a difference inside the shared updates still fails
+    rc, out, _ = run_cli(capsys, str(a), str(write_run(tmp_path / "c", recs)))
+    assert rc == 1 and "FAIL: first beyond" in out and "at update 1" in out
+    strict = compare_runs(a, b)  # the API's default (the trainers' tests): a missing update is a problem
+    assert not strict.passed and strict.problems == ["run B has no line for update 4 (2 updates of A are missing in B)"]
 
 
 def test_default_tolerance_follows_the_dtype(tmp_path: Path) -> None:

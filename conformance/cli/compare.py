@@ -1,11 +1,13 @@
 """`twinstep compare DIR_A DIR_B`: do two runs agree update by update? (conformance/run/compare.py)
 
-    twinstep compare runs/torch runs/jax                 # per-update table, summary, exit 1 beyond tolerance
-    twinstep compare runs/torch runs/jax --rtol 1e-6 --atol 0 --plot curves.png --quiet
+    twinstep compare runs/torch runs/jax                 # summary: first divergence, worst update, verdict
+    twinstep compare runs/torch runs/jax --rtol 1e-6 --atol 0 --plot curves.png --all
 
-A is the reference (the torch run, by convention). Prints one line per update (loss of both runs,
-relative differences of loss, lr and grad_norm, skipped/loss scale of both), then the largest
-relative difference per field and the first update beyond tolerance. Exit status: 0 when every
+A is the reference (the torch run, by convention). Prints the largest relative difference per field,
+the update that uses the most of the tolerance, the first update beyond tolerance and the verdict;
+`--all` first prints one line per update (loss of both runs, relative differences of loss, lr and
+grad_norm, skipped/loss scale of both). Runs of different lengths are compared over the updates
+both have, with a note saying so; a run missing an update inside the other's range is a problem. Exit status: 0 when every
 compared value is within tolerance, 1 when not, 2 for unreadable input.
 """
 
@@ -37,7 +39,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default: by the runs' precision.dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: by the runs' precision.dtype)")
     p.add_argument("--plot", metavar="PNG", help="draw both runs' curves and their relative differences")
-    p.add_argument("--quiet", action="store_true", help="print only the summary, not every update")
+    p.add_argument("--all", action="store_true", help="print every update's line before the summary")
+    p.add_argument("--quiet", action="store_true", help="the summary only (the default; kept for scripts)")
     p.set_defaults(run=run)
 
 
@@ -90,6 +93,10 @@ def print_summary(result: RunComparison, out: TextIO) -> None:
     worst = ", ".join(f"{k} {v:.2e}" for k, v in sorted(result.max_rel.items())) or "none"
     out.write(f"{n} updates, {len(result.evals)} evaluations compared; largest relative difference: {worst}; "
               f"{100 * result.max_usage:.3g}% of the tolerance used at most\n")
+    top = result.worst
+    if top is not None:
+        kind = "evaluation at update" if any(top is e for e in result.evals) else "update"
+        out.write(f"worst: {kind} {top.update} ({100 * top.usage:.3g}% of the tolerance)\n")
     first: UpdateDiff | None = result.first_failure
     if first is None and not result.problems:
         out.write(f"PASS: every value within rtol {tol.rtol:g}, atol {tol.atol:g}; skips and loss scales equal\n")
@@ -100,9 +107,9 @@ def print_summary(result: RunComparison, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = compare_runs(args.dir_a, args.dir_b, _tolerance(args))
+    result = compare_runs(args.dir_a, args.dir_b, _tolerance(args), shared=True)
     out = sys.stdout
-    if not args.quiet:
+    if args.all and not args.quiet:
         print_table(result, out)
     print_summary(result, out)
     if args.plot:

@@ -73,6 +73,11 @@ class RunComparison:
         return not self.problems and all(not r.failed for r in self.rows + self.evals)
 
     @property
+    def worst(self) -> UpdateDiff | None:
+        """The update (or evaluation) that uses the most of the tolerance."""
+        return max(self.rows + self.evals, key=lambda r: r.usage, default=None)
+
+    @property
     def first_failure(self) -> UpdateDiff | None:
         bad = [r for r in self.rows + self.evals if r.failed]
         return min(bad, key=lambda r: (r.update, r in self.evals)) if bad else None
@@ -161,8 +166,12 @@ def config_notes(config_a: dict[str, Any], config_b: dict[str, Any]) -> list[str
     return [f"configs differ: {k} = {fa.get(k)!r} in A, {fb.get(k)!r} in B" for k in keys]
 
 
-def compare_runs(dir_a: str | Path, dir_b: str | Path, tolerance: Tolerance | None = None) -> RunComparison:
-    """Compare run B against the reference run A (see the module docstring)."""
+def compare_runs(dir_a: str | Path, dir_b: str | Path, tolerance: Tolerance | None = None,
+                 shared: bool = False) -> RunComparison:
+    """Compare run B against the reference run A (see the module docstring). Updates one run has and
+    the other lacks are problems (the comparison fails), except with `shared` where one run simply
+    ends earlier: then the updates both have are compared, with a note saying so (`twinstep
+    compare`)."""
     rec_a, cfg_a = read_run(dir_a)
     rec_b, cfg_b = read_run(dir_b)
     tol = tolerance or run_tolerance(cfg_a, cfg_b)
@@ -172,14 +181,17 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path, tolerance: Tolerance | No
     if not ua or not ub:
         problems.append(f"run {'A' if not ua else 'B'} has no update lines in metrics.jsonl")
     only_a, only_b = sorted(ua.keys() - ub.keys()), sorted(ub.keys() - ua.keys())
-    if only_a:
-        problems.append(f"run B has no line for update {only_a[0]} ({len(only_a)} updates of A are missing in B)")
-    if only_b:
-        problems.append(f"run A has no line for update {only_b[0]} ({len(only_b)} updates of B are missing in A)")
+    notes = config_notes(cfg_a, cfg_b)
+    for short, long, only, theirs in (("B", "A", only_a, ub), ("A", "B", only_b, ua)):
+        if shared and only and theirs and only[0] > max(theirs):  # one run is shorter: compare what both have
+            notes.append(f"run {short} ends after update {max(theirs)}: compared the {len(theirs)} updates both runs "
+                         f"have ({len(only)} more in run {long})")
+        elif only:
+            problems.append(f"run {short} has no line for update {only[0]} ({len(only)} updates of {long} are "
+                            f"missing in {short})")
     rows = [_compare_line(u, ua[u], ub[u], tol, FIELDS, EXACT) for u in sorted(ua.keys() & ub.keys())]
     ea = {int(r["update"]): r for r in evals(rec_a)}
     eb = {int(r["update"]): r for r in evals(rec_b)}
-    notes = config_notes(cfg_a, cfg_b)
     for name, only in (("A", sorted(ea.keys() - eb.keys())), ("B", sorted(eb.keys() - ea.keys()))):
         if only:  # e.g. the end-of-run evaluation of a run that was later resumed for longer
             notes.append(f"evaluations only in run {name}, not compared: after updates {only[:8]}")
