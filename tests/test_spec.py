@@ -173,6 +173,28 @@ def test_dump_round_trips_and_is_complete() -> None:
         assert f"[{section}]" in text
 
 
+@pytest.mark.parametrize("source", ["configs/gpt_tiny.toml", "configs/digits_mlp.toml", None, {
+    "optimizer": {"name": "muon", "fallback": {"name": "adamw", "lr": 0.01}},
+    "schedule": {"name": "sequential", "milestones": [3], "schedulers": [
+        {"name": "linear", "start_factor": 0.5, "total_iters": 3}, {"name": "cosine", "t_max": 5}]}}])
+def test_the_read_fields_dump_loads_back_to_the_same_config(source: Any) -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / source if isinstance(source, str) else source)
+    short, full = dump_config(cfg, read_only=True), dump_config(cfg)
+    assert load_config(tomllib.loads(short)) == cfg and len(short) < len(full)
+    table = tomllib.loads(short)
+    model, loss = table["model"], table["loss"]
+    if model["name"] == "gpt":  # what a gpt never reads is left out; what it reads stays
+        assert "hidden" not in model and "norm" not in model and "n_head" in model
+    assert "delta" not in loss and "gamma" not in loss and "pos_weight" not in loss  # cross_entropy's only
+    if isinstance(source, dict):
+        parts = table["schedule"]["schedulers"]
+        assert "t_max" not in parts[0] and "start_factor" not in parts[1] and "t_max" in parts[1]
+        assert "betas" in table["optimizer"]["fallback"] and "ns_steps" not in table["optimizer"]["fallback"]
+
+
 def test_config_file_errors_name_the_file(tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[optimizer]\nlr = 0.1\nlr = 0.2\n")

@@ -1,4 +1,5 @@
-"""`twinstep config`: validate a config and print it resolved (every default filled in)."""
+"""`twinstep config`: validate a config and print it resolved (every default filled in; the fields
+the chosen components never read are left out unless `--all`)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a value (VALUE in TOML syntax; repeatable)")
     p.add_argument("-o", "--output", metavar="PATH", help="write the resolved config here instead of stdout")
+    p.add_argument("--all", action="store_true",
+                   help="every field, also those the chosen model, data, loss, optimizer and schedule never read")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    text = dump_config(config)
+    text = dump_config(config, read_only=not args.all)
     if args.output:
         Path(args.output).write_text(text)
     else:

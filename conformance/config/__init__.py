@@ -197,7 +197,41 @@ def _strip_none(value: Any) -> Any:
     return value
 
 
-def dump_config(config: Config) -> str:
+def _read_fields(table: dict[str, Any], used_by: Mapping[str, Iterable[str]], name: str | None = None) -> dict[str, Any]:
+    """`table` without the fields its component (`name`, else table["name"]) never reads."""
+    chosen = name if name is not None else table.get("name")
+    return {k: v for k, v in table.items() if k not in used_by or chosen in tuple(used_by[k])}
+
+
+def _only_read(data: dict[str, Any]) -> dict[str, Any]:
+    """The dumped config without the fields the chosen model, data set, loss, optimizer (its groups
+    and fallback too) and schedule (its parts too) never read: each such field holds its default
+    (Section.reject_unused refuses anything else), so the result loads back to the same config."""
+    from conformance.config import data as data_cfg, loss, model, optimizer, schedule
+
+    out = dict(data)
+    for section, used_by in (("model", model.USED_BY), ("data", data_cfg.USED_BY), ("loss", loss.USED_BY)):
+        out[section] = _read_fields(out[section], used_by)
+    opt = _read_fields(out["optimizer"], optimizer.USED_BY)
+    if "groups" in opt:
+        opt["groups"] = [_read_fields(g, optimizer.USED_BY, opt["name"]) for g in opt["groups"]]
+    if "fallback" in opt:
+        opt["fallback"] = _read_fields(opt["fallback"], optimizer.USED_BY)
+    out["optimizer"] = opt
+
+    def parts(table: dict[str, Any]) -> dict[str, Any]:
+        table = _read_fields(table, schedule.USED_BY)
+        if "schedulers" in table:
+            table["schedulers"] = [parts(p) for p in table["schedulers"]]
+        return table
+
+    out["schedule"] = parts(out["schedule"])
+    return out
+
+
+def dump_config(config: Config, read_only: bool = False) -> str:
     """The resolved config as TOML, every default filled in (None fields are left out: absent
-    means None when loaded back)."""
-    return tomlio.dumps(_strip_none(config.model_dump(mode="python")))
+    means None when loaded back). `read_only`: without the fields the chosen components never
+    read (what `twinstep config` prints; the run directory's config.toml keeps every field)."""
+    data = _strip_none(config.model_dump(mode="python"))
+    return tomlio.dumps(_only_read(data) if read_only else data)
