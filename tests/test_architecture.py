@@ -251,7 +251,7 @@ TB_PROBE = """
 import sys, tempfile
 {before}
 from conformance.run.metrics import MetricsLog
-with tempfile.TemporaryDirectory() as d, MetricsLog(d, 1, progress="none", tensorboard=True) as log:
+with tempfile.TemporaryDirectory() as d, MetricsLog(d, 1, progress="none", loggers=["tensorboard"]) as log:
     log.log_update({{"update": 0, "loss": 1.0, "lr": [0.1]}})
 print(" ".join(sorted({{m.split(".")[0] for m in sys.modules}} & {frameworks})))
 """

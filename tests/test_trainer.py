@@ -145,7 +145,7 @@ def test_tensorboard_event_files(trainer: Trainer, tmp_path: Path) -> None:
 def test_tensorboard_without_the_package_names_the_field(trainer: Trainer, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard now raises ImportError
-    with pytest.raises(TwinstepError, match=r"run.tensorboard = true needs the tensorboard package"):
+    with pytest.raises(TwinstepError, match=r"run.tensorboard / run.loggers: the tensorboard logger needs the tensorboard package"):
         trainer.run(cfg(LINEAR, "run.tensorboard=true", "run.epochs=1"), tmp_path / "run")
 
 

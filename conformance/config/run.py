@@ -37,6 +37,7 @@ class RunSpec(Section):
     log_every: PosInt | None = None
     progress: Literal["auto", "bar", "lines", "none"] = "auto"
     tensorboard: bool = False
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
     compile: bool = False
     deterministic: bool = False
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -44,6 +45,8 @@ class RunSpec(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "RunSpec":
+        if len(set(self.loggers)) != len(self.loggers):
+            raise field_error("loggers", f"names a logger twice: {self.loggers}")
         if self.inject_nonfinite != sorted(set(self.inject_nonfinite)):
             raise field_error("inject_nonfinite", f"must be strictly increasing update numbers; received "
                                                   f"{self.inject_nonfinite}")

@@ -149,7 +149,7 @@ def run_tolerance(config_a: dict[str, Any], config_b: dict[str, Any]) -> Toleran
 
 
 # Fields that may differ without changing the trajectory (where it runs and how it reports).
-NEUTRAL_FIELDS = ("run.device", "run.log_every", "run.progress", "run.tensorboard", "run.compile",
+NEUTRAL_FIELDS = ("run.device", "run.log_every", "run.progress", "run.tensorboard", "run.loggers", "run.compile",
                   "run.deterministic", "run.parallel", "checkpoint.")
 
 

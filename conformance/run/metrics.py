@@ -35,6 +35,7 @@ from typing import Any, TextIO
 
 from conformance.errors import PathError, TwinstepError
 from conformance.files import check_entry, path_error, read_regular, write_text_atomic
+from conformance.run.loggers import Loggers, eval_scalars, update_scalars
 
 MAX_METRICS_BYTES = 1 << 32  # 4 GiB: millions of updates; more is not a metrics file of ours
 FLUSH_SECONDS = 1.0  # buffered update lines reach the file at least this often
@@ -112,13 +113,13 @@ class MetricsLog:
 
     `resume_from=u` keeps only records of updates < u (an interrupted run may have logged updates
     it never checkpointed); `progress` is "auto" (a bar on a terminal, plain lines otherwise),
-    "bar", "lines" or "none"; `tensorboard` writes event files under DIR/tensorboard when the
-    tensorboard package is installed.
+    "bar", "lines" or "none"; `loggers` are the trackers that get the same scalars
+    (conformance.run.loggers: tensorboard, wandb, mlflow), `config` their run parameters.
     """
 
     def __init__(self, out_dir: str | Path, total_updates: int, resume_from: int | None = None,
-                 progress: str = "auto", tensorboard: bool = False, log_every: int | None = None,
-                 stream: TextIO | None = None) -> None:
+                 progress: str = "auto", loggers: list[str] | None = None, log_every: int | None = None,
+                 stream: TextIO | None = None, config: Mapping[str, Any] | None = None) -> None:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.total = total_updates
         # unset: about 20 progress lines per run; metrics.jsonl has every update either way
@@ -144,7 +145,7 @@ class MetricsLog:
             self._bar = tqdm(total=total_updates, initial=resume_from or 0, file=self.stream,
                              dynamic_ncols=True, unit="upd")
         self._mode = mode
-        self._tb = _TensorBoard(Path(out_dir) / "tensorboard") if tensorboard else None
+        self._trackers = Loggers(Path(out_dir), list(loggers or []), config or {})
         self._pending: list[Mapping[str, Any]] = []  # update records not yet written
         self._rates: list[tuple[float, float | None, float | None]] = []  # since the last progress line
         self._started = False  # this process's first update (compilation, warm-up) is not a speed
@@ -174,6 +175,7 @@ class MetricsLog:
         self._flushed_at = time.monotonic()
         if pending:
             self._write_lines("".join([_dumps(r) + "\n" for r in pending]))
+        self._trackers.flush()
 
     def sync(self) -> None:
         """Make every line logged so far durable (called at every checkpoint)."""
@@ -193,12 +195,7 @@ class MetricsLog:
         if len(self._pending) >= FLUSH_LINES or time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
         u = int(rec["update"])
-        if self._tb is not None:
-            for key in ("loss", "grad_norm", "loss_scale", "samples_per_s"):
-                if isinstance(rec.get(key), (int, float)):
-                    self._tb.add_scalar(f"train/{key}", rec[key], u)
-            for i, lr in enumerate(rec.get("lr") or []):
-                self._tb.add_scalar(f"train/lr/group{i}", lr, u)
+        self._trackers.add(u, update_scalars(rec))
         if self._bar is not None:
             self._bar.update(1)
             if u % self.log_every == 0:
@@ -239,10 +236,7 @@ class MetricsLog:
         rec = {"event": "eval", **record}
         self.flush()  # the updates before it come first
         self._write(rec)
-        if self._tb is not None:
-            for key, value in rec.items():
-                if key not in ("event", "update") and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"eval/{key}", value, int(rec["update"]))
+        self._trackers.add(int(rec["update"]), eval_scalars(rec))
         if self._mode in ("lines", "bar"):
             parts = " ".join(f"{k} {v:.6g}" for k, v in rec.items()
                              if k not in ("event", "update") and isinstance(v, (int, float)))
@@ -271,35 +265,10 @@ class MetricsLog:
                 self._fd = None
         if self._bar is not None:
             self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
+        self._trackers.close()
 
     def __enter__(self) -> "MetricsLog":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class _TensorBoard:
-    """Scalars in TensorBoard event files, written with the tensorboard package's own writer (no
-    framework: a JAX run does not import torch). Each `add_scalar` is one Event holding a
-    `simple_value` Summary at `step`, as torch.utils.tensorboard.SummaryWriter.add_scalar writes it."""
-
-    def __init__(self, path: Path) -> None:
-        try:
-            import tensorboard  # noqa: F401  (first: the package itself is what may be missing)
-            from tensorboard.compat.proto.event_pb2 import Event
-            from tensorboard.compat.proto.summary_pb2 import Summary
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        except ImportError:
-            raise TwinstepError("run.tensorboard = true needs the tensorboard package: pip install 'twinstep[tensorboard]'") from None
-        self._event, self._summary = Event, Summary
-        self._writer = EventFileWriter(str(path), max_queue_size=10, flush_secs=120)
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
-        self._writer.add_event(self._event(summary=summary, step=int(step), wall_time=time.time()))
-
-    def close(self) -> None:
-        self._writer.close()

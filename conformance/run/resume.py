@@ -27,7 +27,7 @@ from conformance.run.validate import validate_state
 # the world size (check_resumable).
 RESUMABLE_CHANGES: tuple[str, ...] = (
     "run.epochs", "run.max_updates", "run.device", "run.log_every", "run.eval_every", "run.compile",
-    "run.progress", "run.tensorboard", "run.deterministic", "run.parallel", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
+    "run.progress", "run.tensorboard", "run.loggers", "run.deterministic", "run.parallel", "checkpoint.every", "checkpoint.at_end", "checkpoint.keep_last",
     "checkpoint.keep_best", "checkpoint.allow_fallback", "ema.evaluate",
 )
 

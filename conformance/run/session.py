@@ -185,9 +185,10 @@ def _open(config: Config, out: Path, backend: str, resume: bool, rank: int, worl
     if rank == 0:
         write_text_atomic(out / "config.toml", dump_config(config))
         if metrics:
+            trackers = list(dict.fromkeys((["tensorboard"] if config.run.tensorboard else []) + config.run.loggers))
             log = MetricsLog(out, data.planned_updates, resume_from=counters.updates_done if resume else None,
-                             progress=progress, tensorboard=bool(getattr(config.run, "tensorboard", False)),
-                             log_every=config.run.log_every)
+                             progress=progress, loggers=trackers, log_every=config.run.log_every,
+                             config=config.model_dump(mode="json"))
             if resume:  # never silent: where it continues, or that there was nothing to continue
                 log.note(f"resumed from {checkpoint.path} (update {counters.updates_done})" if checkpoint else
                          f"--resume: no checkpoint in {out / 'checkpoints'}; starting at update 0")
