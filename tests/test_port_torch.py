@@ -15,6 +15,7 @@ from support.port import (
     NEEDS_MOMENTUM,
     OPTIMIZERS,
     SCHEDULERS,
+    SHAPES,
     config_of,
     float64_default,
     hf_schedule,
@@ -212,6 +213,63 @@ def test_transformers_min_lr_rate_needs_one_lr_and_a_misread_schedule_is_caught(
     assert spec["schedule"]["convention"] == "optax"
     got = on_backends(config_of(spec), values, windows, position)
     assert all(compare(trace, want)[1] is not None for trace in got.values())
+
+
+def _amp_run(clip: dict | None, hold: bool = False) -> tuple[dict, list[str]]:
+    """An AMP loop (GradScaler, StepLR, the loop's clipping) ported and run on both backends against
+    the native loop over a stream with non-finite updates 2, 3 and 7: the first mismatch per backend."""
+    with float64_default():
+        values = initial()
+        named = parameters(values)
+        opt = optimizer("adam", named)
+        sch = SCHEDULERS["step"](opt)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=3)
+        spec = from_torch(opt, sch, named, scaler=scaler, clip=clip)
+        windows = gradient_stream(SHAPES, 12, seed=1, poison=(2, 3, 7))
+        want = run_native_torch(opt, sch, named, windows, scaler=scaler, clip=clip)
+    precision = {**spec["precision"], "dtype": "float64", **({"schedule_on_skip": "hold"} if hold else {})}
+    from conformance.config import load_config
+
+    got = on_backends(load_config({**spec, "precision": precision}), values, windows, spec.position)
+    assert want.skipped == [t in (2, 3, 7) for t in range(12)] and len(set(want.scales)) > 2
+    return dict(spec), [m for trace in got.values() if (m := compare(trace, want)[1]) is not None]
+
+
+@pytest.mark.parametrize("clip", [None, {"max_norm": 0.05}, {"clip_value": 0.01}], ids=["no-clip", "norm", "value"])
+def test_an_amp_loop_ports_to_the_same_skips_scales_and_weights(clip: dict | None) -> None:
+    spec, failures = _amp_run(clip)
+    assert spec["precision"] == {"loss_scale": "dynamic", "init_scale": 256.0, "growth_factor": 2.0,
+                                 "backoff_factor": 0.5, "growth_interval": 3, "schedule_on_skip": "advance"}
+    assert spec.get("clip") == clip and failures == []
+
+
+def test_negative_control_an_amp_loop_ported_with_the_schedule_held_on_skips_differs() -> None:
+    _, failures = _amp_run(None, hold=True)  # torch's recipe steps the scheduler after a skipped step
+    assert len(failures) == 2 and all("lr of" in f for f in failures)
+
+
+def test_the_rest_of_a_loop_is_refused_or_read_in_one_line() -> None:
+    named, opt = _opt()
+    scaler = torch.amp.GradScaler("cpu")
+    assert from_torch(opt, named_parameters=named, accumulation=4)["accumulation"] == {"steps": 4,
+                                                                                       "normalize": "micro_batches"}
+    assert from_torch(opt, named_parameters=named, scaler=torch.amp.GradScaler("cpu", enabled=False)
+                      )["precision"] == {"loss_scale": "none"}
+    loss = sum(p.sum() for p in named.values())
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    scaler._scale.fill_(1024.0)  # as after a skipped step: a scale of its own
+    with pytest.raises(UnsupportedError, match=r"scaler: this GradScaler has stepped \(scale 1024.0"):
+        from_torch(opt, named_parameters=named, scaler=scaler)
+    for bad, words in [({"max_nrom": 1.0}, "clip must name the loop's clipping call's arguments"),
+                       ({"norm_type": 1.0}, "norm_type and error_if_nonfinite belong to clip_grad_norm_")]:
+        with pytest.raises(ConfigError, match=words):
+            from_torch(opt, named_parameters=named, clip=bad)
+    with pytest.raises(ConfigError, match="accumulation must be the loop's micro-batches per optimizer step"):
+        from_torch(opt, named_parameters=named, accumulation=0)
+    with pytest.raises(UnsupportedError, match="scaler: expected a torch.amp.GradScaler"):
+        from_torch(opt, named_parameters=named, scaler=object())
 
 
 def test_unknown_and_subclassed_optimizers_are_refused() -> None:

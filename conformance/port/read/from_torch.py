@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from conformance.errors import ConfigError, UnsupportedError
+from conformance.port.read.torch_loop import accumulation_section, clip_section, precision_section
 from conformance.port.read.torch_optim import optimizer_section
 from conformance.port.read.torch_sched import read_scheduler
 
@@ -87,7 +88,8 @@ def _cycled_start(section: dict[str, Any], schedule: dict[str, Any]) -> None:
                 del group[key]
 
 
-def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = None) -> Ported:
+def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = None, *, scaler: Any = None,
+               clip: Any = None, accumulation: int | None = None) -> Ported:
     """The spec sections of a torch.optim optimizer and (optionally) its lr_scheduler, exactly.
 
     `named_parameters`: the model (or its named_parameters(), or a {name: tensor} mapping) that
@@ -97,11 +99,20 @@ def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = No
     (and "schedule" when a scheduler is given) and `.position`. Anything twinstep cannot express
     exactly (an unknown or subclassed class, LambdaLR, a ChainedScheduler part that does not
     multiply, a ReduceLROnPlateau that has observed metrics, differentiable = True, a parameter with a gradient outside the optimizer, ...) raises
-    UnsupportedError naming it and why."""
+    UnsupportedError naming it and why. The rest of the loop (conformance/port/read/torch_loop.py):
+    `scaler` a torch.amp.GradScaler -> [precision], `clip` the loop's clip_grad_norm_ /
+    clip_grad_value_ arguments -> [clip], `accumulation` its micro-batches per step -> [accumulation]."""
     read = read_scheduler(scheduler, optimizer) if scheduler is not None else None
     out = Ported(optimizer=optimizer_section(optimizer, named_parameters, read.lrs if read else None))
+    if scaler is not None:
+        out["precision"] = precision_section(scaler)
+    if clip is not None:
+        out["clip"] = clip_section(clip)
+    if accumulation is not None:
+        out["accumulation"] = accumulation_section(accumulation)
     if read is None:
-        return Ported(validated(dict(out), f"torch.optim.{type(optimizer).__name__}"))
+        ported = Ported(validated(dict(out), f"torch.optim.{type(optimizer).__name__}"))
+        return ported
     out["schedule"] = read.schedule
     _cycled_start(out["optimizer"], read.schedule)
     validated(dict(out), f"torch.optim.lr_scheduler.{type(scheduler).__name__}")

@@ -15,27 +15,65 @@ from conformance.port.verify.traces import MicroBatch, Trace
 
 
 def run_native_torch(optimizer: Any, scheduler: Any, named: Mapping[str, Any],
-                     windows: list[list[MicroBatch]]) -> Trace:
-    """Step native torch objects over the stream (one micro-batch per update, no skips): set every
+                     windows: list[list[MicroBatch]], scaler: Any = None, clip: Mapping[str, Any] | None = None
+                     ) -> Trace:
+    """Step native torch objects over the stream (one micro-batch per update): set every
     parameter's grad to G, record each parameter's lr, optimizer.step(), scheduler.step() (not
-    ReduceLROnPlateau's, which needs a metric)."""
+    ReduceLROnPlateau's, which needs a metric). With a GradScaler, the loop of torch's AMP recipe:
+    the loss poison·Σ G·θ scaled and backpropagated, scaler.unscale_, the `clip` call
+    (clip_grad_norm_ / clip_grad_value_ with those arguments), scaler.step, scaler.update, then the
+    scheduler (also after a skipped step)."""
     import torch
 
     group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
     out = Trace([], [], [], [])
     for window in windows:
         (mb,) = window
-        for name, p in named.items():
-            p.grad = torch.tensor(mb["g"][name], dtype=p.dtype)
         lrs = {name: float(optimizer.param_groups[group_of[id(p)]]["lr"]) for name, p in named.items()
                if id(p) in group_of}
-        optimizer.step()
+        if scaler is not None:
+            out.skipped.append(_scaled_step(optimizer, named, mb, scaler, clip, out))
+        else:
+            for name, p in named.items():
+                p.grad = torch.tensor(mb["g"][name], dtype=p.dtype)
+            _clip(named, clip)
+            optimizer.step()
+            out.skipped.append(False)
         if scheduler is not None and type(scheduler).__name__ != "ReduceLROnPlateau":
             scheduler.step()  # a gradient stream has no metric: a plateau's lr holds, as the spec's does
         out.params.append({k: p.detach().double().numpy().copy() for k, p in named.items()})
         out.lrs.append(lrs)
-        out.skipped.append(False)
     return out
+
+
+def _clip(named: Mapping[str, Any], clip: Mapping[str, Any] | None) -> None:
+    import torch
+
+    if not clip:
+        return
+    params = list(named.values())
+    if "clip_value" in clip:
+        torch.nn.utils.clip_grad_value_(params, clip["clip_value"])
+    if "max_norm" in clip:
+        torch.nn.utils.clip_grad_norm_(params, clip["max_norm"], norm_type=clip.get("norm_type", 2.0),
+                                       error_if_nonfinite=clip.get("error_if_nonfinite", False))
+
+
+def _scaled_step(optimizer: Any, named: Mapping[str, Any], mb: MicroBatch, scaler: Any,
+                 clip: Mapping[str, Any] | None, out: Trace) -> bool:
+    """One update of torch's AMP recipe; whether GradScaler skipped it."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    loss = sum((torch.tensor(mb["g"][n], dtype=p.dtype) * p).sum() for n, p in named.items()) * float(mb["poison"])
+    out.scales.append(float(scaler.get_scale()))
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    found = any(not torch.isfinite(p.grad).all() for p in named.values() if p.grad is not None)
+    _clip(named, clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return found
 
 
 # ------------------------------------------------------------------ native optax
