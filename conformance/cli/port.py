@@ -3,9 +3,12 @@
     twinstep port CONFIG --to torch [--check]     a runnable torch.optim + lr_scheduler + AMP snippet
     twinstep port CONFIG --to optax [--check]     an optax chain and a step function
     twinstep port OPTAX.toml --to spec            an optax description ([optax] table) as neutral TOML
+    twinstep port training_args.json --to spec    Hugging Face TrainingArguments as neutral TOML
     twinstep port weights SRC --config CONFIG -o OUT.safetensors [--format auto|torch|hf|flax]
 
-CONFIG may also be an optax description: it is translated to the spec first. `--check` runs the
+CONFIG may also be an optax description or a TrainingArguments JSON (`--training-steps N` when its
+max_steps is -1, `--no-decay GLOB` for the parameters HF leaves undecayed when weight_decay > 0): it
+is translated to the spec first. `--check` runs the
 generated snippet and twinstep's backend on a small random problem in float64 and reports the
 largest difference (stderr), failing if it exceeds 1e-12 + 1e-10·|value|.
 """
@@ -36,11 +39,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--format", choices=["auto", "torch", "hf", "flax"], default="auto", help="weights: layout")
     p.add_argument("--dtype", help="weights: the dtype to write (default: the config's parameter dtype)")
     p.add_argument("-o", "--output", metavar="PATH", help="where to write (default for code: stdout)")
+    p.add_argument("--training-steps", type=int, metavar="N",
+                   help="TrainingArguments JSON with max_steps = -1: the run's updates (epochs × updates per epoch)")
+    p.add_argument("--no-decay", action="append", metavar="GLOB",
+                   help="TrainingArguments JSON with weight_decay > 0: a parameter HF leaves undecayed (repeatable)")
+    p.add_argument("--token-normalized", choices=["yes", "no"], default="yes",
+                   help="TrainingArguments JSON: HF divides by the window's tokens (num_items_in_batch; yes) or the "
+                        "model averages each micro-batch (no)")
     p.set_defaults(run=run)
 
 
-def _spec_data(path: str, overrides: list[str]) -> tuple[dict[str, Any], str, bool]:
-    """(the neutral config data, what it came from, whether it was an optax description)."""
+def _spec_data(path: str, overrides: list[str], hf: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, bool]:
+    """(the neutral config data, what it came from, whether it was translated: an optax description or
+    Hugging Face TrainingArguments JSON)."""
+    if path.endswith(".json"):
+        from conformance.port.read.from_hf import from_hf
+
+        return apply_overrides(from_hf(path, **(hf or {})), overrides), Path(path).name, True
     data = load_toml(path)
     translated = "optax" in data
     if translated:
@@ -68,7 +83,9 @@ def _code(args: argparse.Namespace) -> int:
         raise ConfigError("port takes one CONFIG (or `weights SRC`); received " + " ".join(args.args))
     if args.to is None:
         raise ConfigError("port CONFIG needs --to torch, --to optax or --to spec")
-    data, source, translated = _spec_data(args.args[0], args.set)
+    hf = {"num_training_steps": args.training_steps, "no_decay": args.no_decay,
+          "num_items_in_batch": args.token_normalized == "yes"}
+    data, source, translated = _spec_data(args.args[0], args.set, hf)
     config = load_config(data)
     if args.to == "spec":  # the translated sections as written; a neutral config fully resolved
         text = tomlio.dumps(data) if translated else dump_config(config)

@@ -1,6 +1,6 @@
 """Porting between native set-ups and twinstep's neutral spec (docs/porting.md).
 
-    from conformance.port import from_torch, from_optax, to_code
+    from conformance.port import from_hf, from_torch, from_optax, to_code
     spec = from_torch(optimizer, scheduler, model.named_parameters())   # torch objects -> spec
     spec = from_optax({"optax": {"chain": [...]}})                      # optax description -> spec
     print(to_code(load_config(spec), "torch"))                          # spec -> plain torch / optax code
@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.errors import ConfigError
+from conformance.port.read.from_hf import from_hf
 from conformance.port.read.from_optax import from_optax
 from conformance.port.read.from_torch import Ported, from_torch
 
-__all__ = ["Ported", "from_optax", "from_torch", "to_code"]
+__all__ = ["Ported", "from_hf", "from_optax", "from_torch", "to_code"]
 
 
 def to_code(config: Any, framework: str, source: str = "", updates_per_epoch: int = 1) -> str:

@@ -1,0 +1,134 @@
+"""from_hf: Hugging Face TrainingArguments as the neutral spec, checked against the real objects:
+transformers' Trainer builds its optimizer (HF's decay / no-decay grouping) and lr scheduler from the
+same arguments on a tiny model with a LayerNorm, the native objects run a gradient stream (with the
+Trainer's clip_grad_norm_), and twinstep's torch and JAX backends must follow them at every update
+(float64: 1e-12 abs, 1e-10 rel). No download: the model is a torch module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from support.port import float64_default, on_backends
+
+from conformance.config import load_config
+from conformance.errors import ConfigError, UnsupportedError
+from conformance.port.read.from_hf import from_hf
+from conformance.port.verify.native import run_native_torch
+from conformance.port.verify.traces import compare, gradient_stream
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+UPDATES = 14
+
+ARGS = {
+    "adamw-cosine-decay-groups": dict(learning_rate=0.01, weight_decay=0.1, warmup_steps=3, lr_scheduler_type="cosine",
+                                      adam_beta1=0.85, adam_beta2=0.99, adam_epsilon=1e-6, max_grad_norm=0.5),
+    "adamw-linear-warmup-ratio": dict(learning_rate=0.02, weight_decay=0.05, warmup_steps=0.25, max_grad_norm=0.0),
+    "sgd-constant": dict(optim="sgd", learning_rate=0.1, lr_scheduler_type="constant", max_grad_norm=1.0),
+    "rmsprop-inverse-sqrt": dict(optim="rmsprop", learning_rate=0.001, weight_decay=0.01, warmup_steps=4,
+                                 lr_scheduler_type="inverse_sqrt"),
+    "adagrad-min-lr": dict(optim="adagrad", learning_rate=0.05, lr_scheduler_type="cosine_with_min_lr",
+                           lr_scheduler_kwargs={"min_lr": 0.005}, warmup_steps=2),
+    "adamw-wsd": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="warmup_stable_decay", warmup_steps=2,
+                      lr_scheduler_kwargs={"num_decay_steps": 4, "decay_type": "linear"}),
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.GELU(), torch.nn.Linear(3, 2))
+
+
+def _trainer(tmp_path: Path, kwargs: dict, model: torch.nn.Module, steps: int = UPDATES) -> object:
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True, max_steps=steps, **kwargs)
+    trainer = Trainer(model=model, args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    return trainer
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_training_arguments_follow_the_trainer_s_own_objects(name: str, tmp_path: Path) -> None:
+    with float64_default():
+        model = _model()
+        trainer = _trainer(tmp_path, ARGS[name], model)
+        spec = from_hf(trainer.args, model=model)
+        named = dict(model.named_parameters())
+        values = {k: p.detach().numpy().copy() for k, p in named.items()}
+        windows = gradient_stream({k: v.shape for k, v in values.items()}, UPDATES, seed=5)
+        clip = spec.get("clip")
+        want = run_native_torch(trainer.optimizer, trainer.lr_scheduler, named, windows, clip=clip)
+    config = load_config({**spec, "precision": {"dtype": "float64"}})
+    for backend, trace in on_backends(config, values, windows).items():
+        assert compare(trace, want)[1] is None, f"{backend}: {compare(trace, want)[1]} (spec {spec})"
+
+
+def test_the_json_file_and_the_no_decay_rule(tmp_path: Path) -> None:
+    with float64_default():
+        model = _model()
+        trainer = _trainer(tmp_path, dict(ARGS["adamw-cosine-decay-groups"], gradient_accumulation_steps=4, bf16=True,
+                                          seed=7), model)
+    path = tmp_path / "training_args.json"
+    path.write_text(trainer.args.to_json_string())
+    spec = from_hf(path, model=model)
+    decayed = set(trainer.get_decay_parameter_names(model))  # HF's own rule
+    kept = {n for n, _ in model.named_parameters()} - decayed
+    assert kept == {"0.bias", "1.weight", "1.bias", "3.bias"}
+    import fnmatch
+
+    assert {n for n, _ in model.named_parameters() if any(fnmatch.fnmatchcase(n, g)
+                                                          for g in spec["optimizer"]["no_weight_decay"])} == kept
+    assert spec["accumulation"] == {"steps": 4, "normalize": "tokens"} and spec["precision"] == {"dtype": "bfloat16"}
+    assert spec["run"] == {"seed": 7, "max_updates": UPDATES}
+    assert from_hf(json.loads(path.read_text()), model=model, num_items_in_batch=False)["accumulation"]["normalize"] \
+        == "micro_batches"
+
+
+@pytest.mark.parametrize("args, error, words", [
+    ({"learning_rate": 0.1, "optim": "adafactor", "max_steps": 5}, UnsupportedError, "optim = 'adafactor': twinstep reads"),
+    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "polynomial"}, UnsupportedError,
+     "lr_scheduler_type = 'polynomial' cannot be translated"),
+    ({"learning_rate": 0.1, "max_steps": -1}, ConfigError, "max_steps = -1: .*pass num_training_steps"),
+    ({"learning_rate": 0.1, "max_steps": 5, "weight_decay": 0.1}, ConfigError, "weight_decay > 0: .*pass model="),
+    ({"learning_rate": 0.1, "max_steps": 5, "optim_args": "momentum=0.9"}, UnsupportedError, "optim_args"),
+    ({"max_steps": 5}, ConfigError, "no learning_rate"),
+])
+def test_what_has_no_reading_is_refused_in_one_line(args: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=words) as info:
+        from_hf(args)
+    assert "\n" not in str(info.value)
+
+
+def test_negative_control_a_spec_without_hf_s_no_decay_groups_is_caught(tmp_path: Path) -> None:
+    with float64_default():
+        model = _model()
+        trainer = _trainer(tmp_path, ARGS["adamw-cosine-decay-groups"], model)
+        spec = from_hf(trainer.args, model=model)
+        named = dict(model.named_parameters())
+        values = {k: p.detach().numpy().copy() for k, p in named.items()}
+        windows = gradient_stream({k: v.shape for k, v in values.items()}, UPDATES, seed=5)
+        want = run_native_torch(trainer.optimizer, trainer.lr_scheduler, named, windows, clip=spec["clip"])
+    del spec["optimizer"]["no_weight_decay"]  # every parameter decayed
+    config = load_config({**spec, "precision": {"dtype": "float64"}})
+    assert all(compare(t, want)[1] is not None for t in on_backends(config, values, windows).values())
+
+
+def test_the_cli_ports_a_training_arguments_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import tomllib
+
+    from conformance.cli import main
+
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"learning_rate": 0.01, "weight_decay": 0.1, "warmup_steps": 0.1, "max_steps": -1,
+                                "lr_scheduler_type": "cosine", "max_grad_norm": 1.0, "gradient_accumulation_steps": 4}))
+    assert main(["port", str(path), "--to", "spec", "--training-steps", "1000", "--no-decay", "*.bias",
+                 "--token-normalized", "no"]) == 0
+    spec = tomllib.loads(capsys.readouterr().out)
+    assert spec["schedule"]["warmup_steps"] == 100 and spec["optimizer"]["no_weight_decay"] == ["*.bias"]
+    assert spec["accumulation"] == {"steps": 4, "normalize": "micro_batches"}
+    assert main(["port", str(path), "--to", "spec"]) == 2  # epochs without their updates: one line
+    assert "pass num_training_steps (twinstep port --training-steps N)" in capsys.readouterr().err
