@@ -132,3 +132,56 @@ def test_the_cli_ports_a_training_arguments_file(tmp_path: Path, capsys: pytest.
     assert spec["accumulation"] == {"steps": 4, "normalize": "micro_batches"}
     assert main(["port", str(path), "--to", "spec"]) == 2  # epochs without their updates: one line
     assert "pass num_training_steps (twinstep port --training-steps N)" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# spec -> TrainingArguments (twinstep port CONFIG --to hf)
+# ---------------------------------------------------------------------------------------------
+
+SPECS = {
+    "adamw-cosine": {"optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.1, "betas": [0.85, 0.99],
+                                   "no_weight_decay": ["*.bias", "1.*"]},
+                     "schedule": {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": UPDATES,
+                                  "start_factor": 0.0, "convention": "torch", "eta_min": 0.001},
+                     "clip": {"max_norm": 0.5}},
+    "sgd-linear": {"optimizer": {"name": "sgd", "lr": 0.1},
+                   "schedule": {"name": "wsd", "warmup_steps": 2, "start_factor": 0.0, "total_steps": UPDATES,
+                                "decay_steps": UPDATES - 2, "decay_type": "linear", "eta_min": 0.0}},
+    "rmsprop-wsd": {"optimizer": {"name": "rmsprop", "lr": 0.01},
+                    "schedule": {"name": "wsd", "warmup_steps": 2, "start_factor": 0.1, "total_steps": 12,
+                                 "decay_steps": 4, "decay_type": "1-sqrt", "eta_min": 0.001}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_spec_written_as_training_arguments_trains_the_same_in_hf_s_trainer(name: str, tmp_path: Path) -> None:
+    from conformance.port.write.hf_args import hf_arguments
+
+    config = load_config({**SPECS[name], "run": {"max_updates": UPDATES}, "precision": {"dtype": "float64"}})
+    kwargs, notes = hf_arguments(config)
+    assert ("no_weight_decay" in str(notes)) is ("no_weight_decay" in SPECS[name]["optimizer"])
+    with float64_default():
+        model = _model()
+        steps = kwargs.pop("max_steps")
+        trainer = _trainer(tmp_path, kwargs, model, steps)
+        named = dict(model.named_parameters())
+        values = {k: p.detach().numpy().copy() for k, p in named.items()}
+        windows = gradient_stream({k: v.shape for k, v in values.items()}, UPDATES, seed=6)
+        want = run_native_torch(trainer.optimizer, trainer.lr_scheduler, named, windows, clip=SPECS[name].get("clip"))
+    for backend, trace in on_backends(config, values, windows).items():
+        assert compare(trace, want)[1] is None, f"{backend}: {compare(trace, want)[1]} ({kwargs})"
+    back = from_hf({**kwargs, "max_steps": steps}, model=model)  # and back: the same schedule
+    assert load_config({**back, "precision": {"dtype": "float64"}}).schedule == config.schedule
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"optimizer": {"name": "lion"}}, "optimizer.name = 'lion' has no TrainingArguments form"),
+    ({"optimizer": {"name": "sgd", "momentum": 0.9}}, "optimizer.momentum = 0.9 has no TrainingArguments form"),
+    ({"schedule": {"name": "step", "step_size": 3, "gamma": 0.5}}, "schedule.name = 'step' has no"),
+    ({"clip": {"clip_value": 0.5}}, "clip = .* has no TrainingArguments form: Trainer clips by the global 2-norm"),
+])
+def test_what_trainer_cannot_state_is_refused(spec: dict, words: str) -> None:
+    from conformance.port.write.hf_args import hf_arguments
+
+    with pytest.raises(UnsupportedError, match=words):
+        hf_arguments(load_config({**spec, "run": {"max_updates": 10}}))

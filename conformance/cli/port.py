@@ -4,6 +4,7 @@
     twinstep port CONFIG --to optax [--check]     an optax chain and a step function
     twinstep port OPTAX.toml --to spec            an optax description ([optax] table) as neutral TOML
     twinstep port training_args.json --to spec    Hugging Face TrainingArguments as neutral TOML
+    twinstep port CONFIG --to hf                  TrainingArguments keyword arguments (JSON)
     twinstep port weights SRC --config CONFIG -o OUT.safetensors [--format auto|torch|hf|flax]
 
 CONFIG may also be an optax description or a TrainingArguments JSON (`--training-steps N` when its
@@ -31,7 +32,7 @@ def add_parser(sub: Any) -> None:
                        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("args", nargs="+", metavar="CONFIG | weights SRC",
                    help="a config or optax description (TOML); or `weights` and a weight file")
-    p.add_argument("--to", choices=["torch", "optax", "spec"], help="what to print (configs)")
+    p.add_argument("--to", choices=["torch", "optax", "spec", "hf"], help="what to print (configs)")
     p.add_argument("--check", action="store_true", help="run the snippet against twinstep's backend (float64)")
     p.add_argument("--updates-per-epoch", type=int, metavar="N", help="for schedule.unit = 'epoch'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
@@ -82,13 +83,22 @@ def _code(args: argparse.Namespace) -> int:
     if len(args.args) != 1:
         raise ConfigError("port takes one CONFIG (or `weights SRC`); received " + " ".join(args.args))
     if args.to is None:
-        raise ConfigError("port CONFIG needs --to torch, --to optax or --to spec")
+        raise ConfigError("port CONFIG needs --to torch, --to optax, --to spec or --to hf")
     hf = {"num_training_steps": args.training_steps, "no_decay": args.no_decay,
           "num_items_in_batch": args.token_normalized == "yes"}
     data, source, translated = _spec_data(args.args[0], args.set, hf)
     config = load_config(data)
     if args.to == "spec":  # the translated sections as written; a neutral config fully resolved
         text = tomlio.dumps(data) if translated else dump_config(config)
+    elif args.to == "hf":  # TrainingArguments keyword arguments; what HF decides itself, as notes
+        import json
+
+        from conformance.port.write.hf_args import hf_arguments
+
+        kwargs, notes = hf_arguments(config)
+        for note in notes:
+            print(f"twinstep: note: {note}", file=sys.stderr)
+        text = json.dumps(kwargs, indent=1) + "\n"
     else:
         from conformance.port.write.optax_code import optax_code
         from conformance.port.write.torch_code import torch_code
