@@ -77,7 +77,7 @@ def test_to_spec_resolves_a_config_and_translates_an_optax_description(config, t
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["port", "{config}"], "port CONFIG needs --to torch, --to optax or --to spec"),
+    (["port", "{config}"], "port CONFIG needs --to torch, --to optax, --to spec or --to hf"),
     (["port", "{tmp}/missing.toml", "--to", "torch"], "missing.toml: no such file"),
     (["port", "{optax}", "--to", "spec"], "optax.radam cannot be translated"),
     (["port", "weights", "{tmp}/w.pt"], "port weights needs --config CONFIG"),
