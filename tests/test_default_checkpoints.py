@@ -1,4 +1,4 @@
-"""Nothing lost by default (issue 26 item 1): with the default `[checkpoint] every = 500`, a run of a
+"""Nothing lost by default: with the default `[checkpoint] every = 500`, a run of a
 bundled config killed hard (SIGKILL, exit 137) inside update 700 — after its first default
 checkpoint, before its end — resumes from that checkpoint and equals the uninterrupted run bit for
 bit, saying where it resumed from; `--resume` into a directory without checkpoints starts at update 0
