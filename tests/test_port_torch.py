@@ -278,10 +278,42 @@ def test_unknown_and_subclassed_optimizers_are_refused() -> None:
         from_torch(torch.optim.Adadelta(named.values()))
 
     class MyAdam(torch.optim.Adam):
-        pass
+        def step(self, closure=None):  # noqa: ANN001, ANN201
+            return super().step(closure)
 
-    with pytest.raises(UnsupportedError, match="a subclass of torch.optim.Adam may change its step"):
+    with pytest.raises(UnsupportedError, match="it overrides step of torch.optim.Adam, which may change its step"):
         from_torch(MyAdam(named.values()))
+
+    class Scaled(torch.optim.Adam):
+        def _init_group(self, *args):  # noqa: ANN001, ANN202
+            return super()._init_group(*args)
+
+    with pytest.raises(UnsupportedError, match="it overrides _init_group of torch.optim.Adam"):
+        from_torch(Scaled(named.values()))
+
+
+def test_a_subclass_that_changes_nothing_in_the_step_reads_as_its_base_class() -> None:
+    class NamedAdamW(torch.optim.AdamW):
+        """A project's own AdamW: other defaults and a repr, the same step."""
+
+        def __init__(self, params, lr: float = 3e-3, **kw) -> None:  # noqa: ANN001
+            super().__init__(params, lr=lr, betas=(0.85, 0.98), **kw)
+
+        def __repr__(self) -> str:
+            return "NamedAdamW"
+
+        def describe(self) -> str:  # a helper of its own, which the step never calls
+            return "mine"
+
+    with float64_default():
+        values = initial()
+        named = parameters(values)
+        opt = NamedAdamW(named.values(), weight_decay=0.05)
+        spec = from_torch(opt, named_parameters=named)
+        windows = gradient_stream(SHAPES, 6, seed=2)
+        want = run_native_torch(opt, None, named, windows)
+    assert spec["optimizer"]["name"] == "adamw" and spec["optimizer"]["betas"] == [0.85, 0.98]
+    assert_same(dict(spec), 0, values, windows, want)
 
 
 def test_options_twinstep_lacks_are_refused() -> None:

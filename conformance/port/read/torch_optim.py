@@ -60,12 +60,32 @@ def optimizer_name(optimizer: Any) -> str:
     if entry is not None and cls.__name__ in PACKAGES and getattr(_home(cls.__name__), cls.__name__, None) is cls:
         return entry[0]
     if entry is None or getattr(torch.optim, cls.__name__, None) is not cls:
-        base = next((b.__name__ for b in cls.__mro__[1:] if b.__name__ in CLASSES
+        base = next((b for b in cls.__mro__[1:] if b.__name__ in CLASSES
                      and getattr(torch.optim, b.__name__, None) is b), None)
-        why = (f"a subclass of torch.optim.{base} may change its step" if base else
-               f"twinstep's optimizers are {', '.join('torch.optim.' + k for k in CLASSES)}")
-        raise UnsupportedError(f"optimizer class {cls.__module__}.{cls.__qualname__} cannot be translated: {why}")
+        where = f"optimizer class {cls.__module__}.{cls.__qualname__} cannot be translated"
+        if base is None:
+            raise UnsupportedError(f"{where}: twinstep's optimizers are "
+                                   f"{', '.join('torch.optim.' + k for k in CLASSES)}")
+        changed = _step_overrides(cls, base)  # (an lr_scheduler wraps the instance's step: that is torch's own)
+        if changed:
+            raise UnsupportedError(f"{where}: it overrides {changed[0]} of torch.optim.{base.__name__}, which may "
+                                   f"change its step")
+        return CLASSES[base.__name__][0]  # a subclass that changes nothing the step does: its base class
     return entry[0]
+
+
+# What a subclass may redefine without changing the step: construction (the groups are read as they
+# are) and bookkeeping around it; anything else the base class defines may be the mathematics.
+HARMLESS = frozenset({"__init__", "__repr__", "__getstate__", "__setstate__", "zero_grad", "state_dict",
+                      "load_state_dict", "__doc__", "__module__", "__qualname__", "__dict__", "__weakref__",
+                      "__annotations__", "__firstlineno__", "__static_attributes__", "__orig_bases__",
+                      "__parameters__"})
+
+
+def _step_overrides(cls: type, base: type) -> list[str]:
+    """The names the classes between `cls` and `base` redefine that the step may use."""
+    names = [n for c in cls.__mro__[:cls.__mro__.index(base)] for n in vars(c) if n not in HARMLESS and hasattr(base, n)]
+    return list(dict.fromkeys(names))
 
 
 def _float(value: Any, where: str) -> float:
