@@ -63,6 +63,22 @@ def test_check_runs_the_snippet_against_the_backend(to: str, config, capsys) -> 
     assert "twinstep: checked:" in err and "over 8 updates" in err
 
 
+@pytest.mark.parametrize("to", ["torch", "optax"])
+def test_check_uses_the_names_the_groups_give(to: str, tmp_path, capsys) -> None:
+    """Groups that name the user's own model ('fc.weight', 'encoder.*', a class): --check runs on a
+    parameter for each pattern (and two the default group keeps), not on the built-in model's names."""
+    from conformance.port.verify.traces import check_shapes
+
+    path = tmp_path / "mine.toml"
+    path.write_text('[optimizer]\nname = "adamw"\nlr = 0.01\nno_weight_decay = ["*norm[12].weight"]\n'
+                    '[[optimizer.groups]]\nparams = ["fc.weight", "encoder.*"]\nlr = 0.001\n')
+    assert main(["port", str(path), "--to", to, "--check"]) == 0
+    assert "max |difference|" in capsys.readouterr().err
+    names = set(check_shapes(load_config(path)))
+    assert names == {"fc.weight", "encoder.w", "wnorm1.weight", "rest_0.weight", "rest_0.bias"}
+    assert set(check_shapes(load_config({}))) == {"0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"}
+
+
 def test_to_spec_resolves_a_config_and_translates_an_optax_description(config, tmp_path, capsys) -> None:
     assert main(["port", str(config), "--to", "spec", "--set", "optimizer.lr=0.2"]) == 0
     resolved = tomllib.loads(capsys.readouterr().out)

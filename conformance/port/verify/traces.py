@@ -14,6 +14,9 @@ their public `update.run_updates`); call the JAX runners inside
 
 from __future__ import annotations
 
+import fnmatch
+import re
+
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -202,7 +205,26 @@ def check_shapes(config: Config) -> dict[str, tuple[int, ...]]:
             shapes = param_shapes(config.model, info)
         except TwinstepError:  # no data at hand: any names do when no pattern needs a real one
             shapes = {"0.weight": (4, 3), "0.bias": (4,), "1.weight": (2, 4), "1.bias": (2,)}
-    return {k: tuple(min(n, 4) for n in s) for k, s in shapes.items()}
+    shapes = {k: tuple(min(n, 4) for n in s) for k, s in shapes.items()}
+    patterns = _patterns(config)
+    if any(not any(fnmatch.fnmatchcase(n, p) for n in shapes) for p in patterns):
+        # the groups name the user's own model ('fc.weight', 'encoder.*'): a parameter for each of
+        # their patterns, and two the patterns may leave to the default group
+        shapes = {_instance(p): ((3, 4) if _instance(p).endswith("weight") else (3,)) for p in patterns}
+        shapes.update({"rest_0.weight": (2, 3), "rest_0.bias": (2,)})
+    return shapes
+
+
+def _patterns(config: Config) -> list[str]:
+    o = config.optimizer
+    found = [p for g in o.groups for p in g.params] + list(o.no_weight_decay or [])
+    return list(dict.fromkeys(found + list(getattr(o, "fallback_params", None) or [])))
+
+
+def _instance(pattern: str) -> str:
+    """A parameter name the glob matches ('encoder.*' -> 'encoder.w')."""
+    name = re.sub(r"\[!?([^\]])[^\]]*\]", lambda m: m.group(1) if not m.group(0).startswith("[!") else "_", pattern)
+    return name.replace("*", "w").replace("?", "x")
 
 
 def float64_variant(config: Config) -> Config:
