@@ -52,9 +52,10 @@ def _mlflow(out: Path, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(ids["mlflow"], key)}
 
 
-def test_trackers_hold_the_metrics_series_and_the_config(tmp_path: Path) -> None:
+def test_trackers_hold_the_metrics_series_and_the_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"
     assert _train(out, 12) == 0
+    assert "logger failed" not in capsys.readouterr().err  # (a tracker's failure would explain a gap below)
     loss, val = _metrics(out)
     ids = json.loads((out / "loggers.json").read_text())
     sent = history(out, ids["wandb"])
@@ -86,15 +87,15 @@ def test_a_failing_tracker_never_stops_training(tmp_path: Path, monkeypatch: pyt
     def broken(self, batch):  # noqa: ANN001
         raise OSError("disk full")
 
-    monkeypatch.setattr(loggers._MLflow, "send", broken)
+    monkeypatch.setattr(loggers._WandB, "send", broken)
     out = tmp_path / "run"
     assert _train(out, 12) == 0
     err = capsys.readouterr().err
-    assert err.count("the mlflow logger failed (OSError: disk full); it is off for the rest of this run") == 1
+    assert err.count("the wandb logger failed (OSError: disk full); it is off for the rest of this run") == 1
+    assert "mlflow logger" not in err, err
     loss, _ = _metrics(out)
     assert sorted(loss) == list(range(12))
-    assert {u: r["train/loss"] for u, r in history(out, json.loads((out / "loggers.json").read_text())["wandb"]
-                                                   ).items()} == loss  # the other tracker carried on
+    assert _mlflow(out, "train/loss") == loss  # the other tracker carried on
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nope://nowhere")  # one that cannot start: the same
     assert _train(tmp_path / "again", 3) == 0
     assert "the mlflow logger could not start" in capsys.readouterr().err

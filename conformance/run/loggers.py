@@ -212,6 +212,11 @@ class Loggers:
         except Exception as exc:  # a tracker's failure (network, disk, its own bug) never stops training
             self._live.remove(logger)
             _warn(logger.name, exc, "failed")
+            if call != logger.close:
+                try:
+                    logger.close()  # release what it holds (W&B's run, MLflow's connection), best effort
+                except Exception:  # noqa: S110 - already reported above
+                    pass
 
 
 def _warn(name: str, exc: Exception, what: str) -> None:
