@@ -68,9 +68,8 @@ class AdEMAMix(Foreach):
             by_step.setdefault(s["step"].item(), []).append(i)  # step lives on the CPU: no device sync
         foreach = self.foreach if self.foreach is not None else all(p.is_cuda for p in params)
         # foreach: few kernel launches; one tensor at a time: each temporary freed at once (faster on a CPU)
-        chunks = [at for at in by_step.values()] if foreach else [[i] for at in by_step.values() for i in at]
-        for at in chunks:
-            t = states[at[0]]["step"].item()
+        chunks = list(by_step.items()) if foreach else [(t, [i]) for t, at in by_step.items() for i in at]
+        for t, at in chunks:
             p, g = [params[i] for i in at], [grads[i] for i in at]
             fast, slow, sq = ([states[i][name] for i in at] for name in self.STATE)
             b3 = beta3_at(group, t)

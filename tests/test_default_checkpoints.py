@@ -7,12 +7,11 @@ resume from, and the resume's line says it starts fresh."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from support.faults import fault_args
-from support.processes import PROCESS_S, run_process
+from support.processes import PROCESS_S, child_env, run_process
 from support.resume import differences
 
 from conformance import checkpoint as ck
@@ -37,11 +36,10 @@ def _train(out: Path, *extra: str) -> list[str]:
 def test_a_default_run_killed_hard_after_its_first_checkpoint_resumes_from_it(tmp_path: Path, every: int | None,
                                                                              capsys: pytest.CaptureFixture) -> None:
     extra = () if every is None else ("--set", f"checkpoint.every={every}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWINSTEP_", "XLA_FLAGS"))}
     killed = tmp_path / "killed"
     done = run_process([*fault_args("micro_batch", update=700, index=0), *_train(killed, *extra)], "die in update 700",
                        PROCESS_S, capture_output=True, text=True,
-                       env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert done.returncode == 137, done.stderr[-2000:]
     saved = [u for u, _ in ck.list_checkpoints(killed / "checkpoints")]
     assert saved == ([500] if every is None else [])

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.faults import fault_args
-from support.processes import PROCESS_S, run_process
+from support.processes import PROCESS_S, child_env, run_process
 from support.resume import cut_after, differences, forgotten
 from support.tamper import edit_state, edit_tensors, rehash_manifest
 
@@ -43,7 +43,6 @@ from conformance.errors import Preempted
 from conformance.run import session
 
 pytestmark = pytest.mark.usefixtures("persistent_xla_cache", "one_thread")
-ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("torch", "jax")
 UPDATES, CUT = 24, 15
 PLATEAU_EMA: dict[str, Any] = {
@@ -95,8 +94,7 @@ def plateau_runs(tmp_path_factory: pytest.TempPathFactory, persistent_xla_cache:
 
 
 def _env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("TWINSTEP_", "XLA_FLAGS"))}
-    return {**e, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return child_env()
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -10,14 +10,13 @@ warm-ups read at t = 1 again), fail the same comparison.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from support.faults import fault_args
-from support.processes import PROCESS_S, run_process
+from support.processes import PROCESS_S, child_env, run_process
 from support.resume import cut_after, differences, forgotten
 
 from conformance import checkpoint as ck
@@ -26,7 +25,6 @@ from conformance.config import load_config
 from conformance.run import session
 
 pytestmark = pytest.mark.usefixtures("persistent_xla_cache", "one_thread")
-ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("torch", "jax")
 UPDATES, CUT = 12, 6
 ADEMAMIX: dict[str, Any] = {
@@ -67,11 +65,10 @@ def test_ademamix_killed_inside_a_warm_up_update_resumes_bit_exact(runs: dict, t
     assert {"m", "m_slow", "v"} <= set(entry) and int(entry["step"]) == CUT  # what the resume must restore
     out = tmp_path / "run"
     name, point = INSIDE[framework]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWINSTEP_", "XLA_FLAGS"))}
     cmd = [*fault_args(name, **point), "train", str(runs["config"]), "--backend", framework, "--out", str(out),
            "--progress", "none"]
     done = run_process(cmd, "die inside update 8", PROCESS_S, capture_output=True, text=True,
-                       env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert done.returncode == 137, done.stderr[-2000:]  # killed as SIGKILL would, inside update 8
     assert [u for u, _ in ck.list_checkpoints(out / "checkpoints")][0] == CUT  # newest first
     train(framework, out, resume=True)

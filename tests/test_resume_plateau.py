@@ -12,13 +12,12 @@ every 2; the loss flattens (abs threshold 0.02), so the lr halves at updates 13,
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.faults import fault_args
-from support.processes import PROCESS_S, run_process
+from support.processes import PROCESS_S, child_env, run_process
 from support.resume import cut_after, differences
 
 from conformance import checkpoint as ck
@@ -27,7 +26,6 @@ from conformance.errors import CheckpointError, ConfigError
 from conformance.rules import plateau
 from conformance.run.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
 UPDATES, CUT = 24, 14
 CONFIG = f'''
 [model]
@@ -63,8 +61,7 @@ FRAMEWORKS = ("torch", "jax")
 
 
 def _env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("TWINSTEP_", "XLA_FLAGS"))}
-    return {**e, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return child_env()
 
 
 def _train(config: Path, backend: str, out: Path, fault: tuple) -> int:

@@ -19,15 +19,15 @@ from conformance.config.accumulation import AccumulationSpec
 from conformance.config.base import Section, check_plain, validate
 from conformance.config.checkpoint import CheckpointSpec
 from conformance.config.clip import ClipSpec
-from conformance.config.data import DataSpec
+from conformance.config.data import USED_BY as DATA_USED_BY, DataSpec
 from conformance.config.ema import EmaSpec
-from conformance.config.loss import LossSpec
-from conformance.config.model import ModelSpec
-from conformance.config.optimizer import GroupSpec, OptimizerSpec
+from conformance.config.loss import USED_BY as LOSS_USED_BY, LossSpec
+from conformance.config.model import USED_BY as MODEL_USED_BY, ModelSpec
+from conformance.config.optimizer import USED_BY as OPTIMIZER_USED_BY, GroupSpec, OptimizerSpec
 from conformance.config.precision import PrecisionSpec
 from conformance.config.representable import CAST_SECTIONS, unrepresentable
 from conformance.config.run import RunSpec
-from conformance.config.schedule import ScheduleSpec
+from conformance.config.schedule import USED_BY as SCHEDULE_USED_BY, ScheduleSpec
 from conformance.errors import ConfigError
 from conformance.files import read_regular
 
@@ -207,20 +207,18 @@ def _only_read(data: dict[str, Any]) -> dict[str, Any]:
     """The dumped config without the fields the chosen model, data set, loss, optimizer (its groups
     and fallback too) and schedule (its parts too) never read: each such field holds its default
     (Section.reject_unused refuses anything else), so the result loads back to the same config."""
-    from conformance.config import data as data_cfg, loss, model, optimizer, schedule
-
     out = dict(data)
-    for section, used_by in (("model", model.USED_BY), ("data", data_cfg.USED_BY), ("loss", loss.USED_BY)):
+    for section, used_by in (("model", MODEL_USED_BY), ("data", DATA_USED_BY), ("loss", LOSS_USED_BY)):
         out[section] = _read_fields(out[section], used_by)
-    opt = _read_fields(out["optimizer"], optimizer.USED_BY)
+    opt = _read_fields(out["optimizer"], OPTIMIZER_USED_BY)
     if "groups" in opt:
-        opt["groups"] = [_read_fields(g, optimizer.USED_BY, opt["name"]) for g in opt["groups"]]
+        opt["groups"] = [_read_fields(g, OPTIMIZER_USED_BY, opt["name"]) for g in opt["groups"]]
     if "fallback" in opt:
-        opt["fallback"] = _read_fields(opt["fallback"], optimizer.USED_BY)
+        opt["fallback"] = _read_fields(opt["fallback"], OPTIMIZER_USED_BY)
     out["optimizer"] = opt
 
     def parts(table: dict[str, Any]) -> dict[str, Any]:
-        table = _read_fields(table, schedule.USED_BY)
+        table = _read_fields(table, SCHEDULE_USED_BY)
         if "schedulers" in table:
             table["schedulers"] = [parts(p) for p in table["schedulers"]]
         return table

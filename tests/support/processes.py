@@ -97,3 +97,14 @@ def run_process(cmd: Sequence[Any], what: str, timeout: float, **kwargs: Any) ->
     if check:
         done.check_returncode()
     return done
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a twinstep process a test starts: this one's without TWINSTEP_* and
+    XLA_FLAGS (a test's own settings must not leak into it), one intra-op thread (as the in-process
+    runs it is compared with: tests/support/trainers.py one_thread), the repository importable."""
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWINSTEP_", "XLA_FLAGS"))}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+

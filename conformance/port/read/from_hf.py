@@ -78,7 +78,7 @@ def _optimizer(a: dict[str, Any], model: Any, no_decay: list[str] | None) -> dic
     if out["name"] == "adamw":
         out.update(betas=[float(a.get("adam_beta1", 0.9)), float(a.get("adam_beta2", 0.999))],
                    eps=float(a.get("adam_epsilon", 1e-8)))
-    # sgd, adagrad, rmsprop: torch's defaults, the decay passed to torch's class (L2 in the gradient)
+    # sgd, adagrad, rmsprop: torch's defaults; Trainer passes the decay to the class (L2 in the gradient)
     if out["weight_decay"] > 0 and no_decay is not None:
         if no_decay:
             out["no_weight_decay"] = list(no_decay)

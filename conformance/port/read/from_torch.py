@@ -97,7 +97,8 @@ def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = No
     `[[optimizer.groups]]` entry of glob patterns, the last group the top-level values), unless
     the optimizer was built from named parameters. Returns a `Ported` dict with "optimizer"
     (and "schedule" when a scheduler is given) and `.position`. Anything twinstep cannot express
-    exactly (an unknown or subclassed class, LambdaLR, a ChainedScheduler part that does not
+    exactly (an unknown class or a subclass that changes the step, a LambdaLR other than transformers'
+    schedule functions, a ChainedScheduler part that does not
     multiply, a ReduceLROnPlateau that has observed metrics, differentiable = True, a parameter with a gradient outside the optimizer, ...) raises
     UnsupportedError naming it and why. The rest of the loop (conformance/port/read/torch_loop.py):
     `scaler` a torch.amp.GradScaler -> [precision], `clip` the loop's clip_grad_norm_ /
@@ -111,8 +112,7 @@ def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = No
     if accumulation is not None:
         out["accumulation"] = accumulation_section(accumulation)
     if read is None:
-        ported = Ported(validated(dict(out), f"torch.optim.{type(optimizer).__name__}"))
-        return ported
+        return Ported(validated(dict(out), f"torch.optim.{type(optimizer).__name__}"))
     out["schedule"] = read.schedule
     _cycled_start(out["optimizer"], read.schedule)
     validated(dict(out), f"torch.optim.lr_scheduler.{type(scheduler).__name__}")

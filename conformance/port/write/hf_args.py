@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.config import Config
+from conformance.config import Config, load_config
 from conformance.errors import UnsupportedError
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd", "adagrad": "adagrad", "rmsprop": "rmsprop"}
@@ -27,8 +27,6 @@ def _refuse(field: str, value: Any, why: str) -> UnsupportedError:
 
 
 def _optimizer(config: Config, out: dict[str, Any], notes: list[str]) -> None:
-    from conformance.config import load_config
-
     o = config.optimizer
     if o.name not in HF_OPTIMIZERS:
         raise _refuse("optimizer.name", o.name, f"Trainer builds {', '.join(HF_OPTIMIZERS)} from torch.optim")
