@@ -23,6 +23,7 @@ from conformance.config.accumulation import AccumulationSpec
 from conformance.config.clip import ClipSpec
 from conformance.config.precision import PrecisionSpec
 from conformance.errors import NonFiniteError
+from conformance.rules.nonfinite import policy_raises
 from ref_torch._clip_transforms import clip_with_norm
 from ref_torch._parallel import World
 from ref_torch.accumulation import accumulate_gradients
@@ -76,9 +77,12 @@ def apply_update(
     skip decision) and, for sharded parameters (FSDP), the finite flag and the norms of this rank's
     shards, which are unscaled, checked and clipped in place. The loss, the pre-clip norm and, with
     dynamic scaling, the finite flag and the scale in force reach the host in one transfer: the
-    update's only sync. Without scaling the gradients are finite exactly when their p-norm is (a
-    NaN or inf element makes it NaN or inf); a norm that overflowed on finite elements is checked
-    element by element."""
+    update's only read of the device. With a fused torch.optim kernel (the CUDA default) that read
+    comes after the step: the step is held on the device by the kernel's found_inf (as GradScaler
+    does) whenever the loss or the norm is not finite, so the host waits for nothing inside the
+    update; any other optimizer reads before its step. Without scaling the gradients are finite
+    exactly when their p-norm is (a NaN or inf element makes it NaN or inf); a norm that overflowed
+    on finite elements is checked element by element, and its held step applied then."""
     ranks = world if world is not None and world.distributed else None
     sharded = ranks is not None and ranks.sharded
     scaling = scaler.enabled  # read once (a property over the precision spec)
@@ -96,6 +100,14 @@ def apply_update(
     if sharded:
         norm = ranks.reduce_norm(norm, p)
         grads_ok = ranks.reduce_finite(grads_ok) if scaling else None
+    loss_ok = torch.isfinite(loss)
+    finite_dev = grads_ok & loss_ok if scaling else None  # the scaler's flag, on the device
+    # clip_value would clamp an inf gradient to a finite one before the exact check could see it
+    held = specs.clip.clip_value is None and _holds_on_device(optimizer)
+    if held:  # clip and step queued before the read; a non-finite loss or norm holds the step on the device
+        clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
+        step_ok = (finite_dev if scaling else loss_ok) & torch.isfinite(norm)
+        _step(optimizer, update, found_inf=(~step_ok).to(torch.float32))
     values = _to_host([loss, norm] + ([grads_ok, scale] if scaling else []))
     loss_v, norm_v = values[:2]
     scale_v = values[3] if scaling else None
@@ -110,30 +122,59 @@ def apply_update(
             grads_v = bool(ranks.reduce_finite(exact) if sharded else exact)
     finite = bool(grads_v) and math.isfinite(loss_v)
     skips = record_update(skips, finite)
-    if not finite:
+    if not finite and policy_raises(specs.precision, skips.consecutive):  # the flags are read to name the bad tensor
         loss_flag, grad_flags = finite_flags(loss, grads)
         if sharded and bool(loss_flag) and all(bool(v) for v in grad_flags.values()):
             grad_flags = {**grad_flags, "(a shard on another rank)": torch.tensor(False)}
         check_nonfinite(specs.precision, skips, loss_flag, grad_flags, update)
-    else:
-        if specs.clip.mode != "none" and not math.isfinite(norm_v):  # overflowed on finite gradients
+    elif finite and (not held or not math.isfinite(norm_v)):  # held: the norm overflowed on finite gradients
+        if specs.clip.mode != "none" and not math.isfinite(norm_v):
             check_norm(specs.clip, norm, grads)  # error_if_nonfinite: raise naming the first bad one
-        clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
+        if not held:
+            clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
         _step(optimizer, update)
     if scaling:
-        scaler.update(torch.tensor(finite))
+        scaler.update(finite_dev)
     advanced = specs.precision.schedule_advances(not finite)
     if scheduler is not None and advanced:
         scheduler.step()
     return skips, UpdateInfo(loss_v, norm_v, not finite, scale_v, advanced)
 
 
-def _step(optimizer: torch.optim.Optimizer, update: int | None) -> None:
-    """optimizer.step(); a step scalar the hyper-parameters make too large for the parameters' dtype
-    (Adam's lr / (1 - beta1^t) with lr near float32's largest value) is a non-finite step, refused as
-    one, where torch would stop with its own RuntimeError."""
+_FUSED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)  # kernels taking found_inf
+
+
+def _holds_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the step can be held on the device: a torch.optim class whose fused kernel reads
+    found_inf, with its state already made (a held first step would make it: Adam's zero moments,
+    SGD's momentum buffers uninitialised), so that a held step leaves everything as a skip does."""
+    if type(optimizer) not in _FUSED:
+        return False
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        if not group.get("fused"):
+            return False
+        if type(optimizer) is torch.optim.SGD and not group["momentum"]:
+            continue  # plain SGD keeps no state
+        if any(p not in state for p in group["params"]):
+            return False
+    return True
+
+
+def _step(optimizer: torch.optim.Optimizer, update: int | None, found_inf: torch.Tensor | None = None) -> None:
+    """optimizer.step(), held on the device where found_inf (a fused kernel's float32 flag) is 1; a
+    step scalar the hyper-parameters make too large for the parameters' dtype (Adam's lr / (1 -
+    beta1^t) with lr near float32's largest value) is a non-finite step, refused as one, where torch
+    would stop with its own RuntimeError."""
     try:
-        optimizer.step()
+        if found_inf is None:
+            optimizer.step()
+        else:
+            optimizer.found_inf = found_inf  # read by the fused kernel (torch.amp.GradScaler's protocol)
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
     except RuntimeError as exc:
         if "without overflow" not in str(exc):
             raise
@@ -146,9 +187,7 @@ def _step(optimizer: torch.optim.Optimizer, update: int | None) -> None:
 
 
 def _to_host(values: list[Any]) -> list[float]:
-    """Scalars as Python floats in one transfer from an accelerator (one stacked copy); on the CPU
-    there is nothing to transfer and each is read directly (stacking would cost more)."""
-    if values[0].device.type == "cpu":  # a CPU run (float() reads any device, one sync each)
-        return list(map(float, values))
+    """Scalars as Python floats in one read of the device (one stacked copy, on the CPU too, so
+    that every device reads alike)."""
     device = values[0].device
     return torch.stack([v.to(device=device, dtype=torch.float64).reshape(()) for v in values]).tolist()

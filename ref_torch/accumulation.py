@@ -83,9 +83,11 @@ def accumulate_gradients(
         p.grad = None
     divisor: Any = float(n)
     if tokens and not after:
-        total = counts.sum() if isinstance(counts, torch.Tensor) else torch.as_tensor(
+        # counts known on the host stay a host number: a tensor made from it would be copied to the
+        # accelerator from pageable memory, which waits for the device
+        total = counts.sum() if isinstance(counts, torch.Tensor) else float(
             np.sum(np.asarray([float(c) for c in counts], np.float64)))
-        divisor = reduce_count(total) if reduce_count is not None else total
+        divisor = reduce_count(torch.as_tensor(total, dtype=torch.float64)) if reduce_count is not None else total
     divide: Any = None  # the divisor as a tensor on the loss's device and in its dtype (tokens)
     parts: list[Any] = []
     sums: list[Any] = []
@@ -99,7 +101,8 @@ def accumulate_gradients(
                 counts_seen.append(out.count)
             elif tokens:
                 if divide is None:
-                    divide = torch.as_tensor(divisor, device=out.sum.device).to(out.sum.dtype)
+                    divide = (torch.full((), divisor, dtype=torch.float64, device=out.sum.device) if
+                              isinstance(divisor, float) else divisor.to(out.sum.device)).to(out.sum.dtype)
                 part = out.sum / divide
             else:
                 part = out.value / n

@@ -68,10 +68,12 @@ def step_lr(position: int) -> float:
     return LR * GAMMA ** (position // 2)  # StepLR(step_size=2, gamma=0.5), torch's closed form
 
 
-def seed_loop(params0: dict, batches: list, precision: PrecisionSpec, normalize: str, poison=POISON) -> dict:
-    """seed 000 §PyTorch 训练循环 on torch built-ins (float64); tokens: Σ sum / N_window by hand."""
+def seed_loop(params0: dict, batches: list, precision: PrecisionSpec, normalize: str, poison=POISON,
+              fused: bool = False) -> dict:
+    """seed 000 §PyTorch 训练循环 on torch built-ins (float64); tokens: Σ sum / N_window by hand.
+    fused: AdamW's fused kernel, which GradScaler.step hands its found_inf."""
     params = [torch.nn.Parameter(torch.tensor(params0[k])) for k in ("w", "b")]
-    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WD)
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WD, fused=fused)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=GAMMA)
     scaler = torch.amp.GradScaler("cpu", init_scale=precision.init_scale, growth_interval=precision.growth_interval)
     trace: dict[str, list] = {"params": [], "skipped": [], "scale": [], "norm": [], "lr": []}
@@ -112,10 +114,10 @@ def new_trace() -> dict[str, list]:
 
 
 def run_torch(params0: dict, batches: list, precision: PrecisionSpec, normalize: str, poison=POISON,
-              trace: dict | None = None) -> dict:
+              trace: dict | None = None, fused: bool = False) -> dict:
     dt = getattr(torch, precision.param_dtype)
     params = {k: torch.nn.Parameter(torch.tensor(v, dtype=dt)) for k, v in params0.items()}
-    opt = torch.optim.AdamW(list(params.values()), lr=LR, weight_decay=WD)
+    opt = torch.optim.AdamW(list(params.values()), lr=LR, weight_decay=WD, fused=fused)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=GAMMA)
     scaler, skips = tp.LossScaler(precision), tp.init_skip_state()
     specs = _specs(precision, normalize, tupd)
@@ -204,6 +206,23 @@ def test_float64_path_equals_seed_loop(name: str, on_skip: str, normalize: str) 
     assert_trace_close(got, want, atol=1e-12, rtol=1e-10)
     positions = [precision.schedule_position(t, sum(want["skipped"][:t])) for t in range(6)]
     assert got["lr"] == [step_lr(p) for p in positions]  # hold: [.1 .1 .1 .05 .05 .05]
+
+
+@pytest.mark.parametrize("on_skip", ["advance", "hold"])
+def test_fused_kernel_holding_the_step_on_the_device_equals_seed_loop(on_skip: str) -> None:
+    # the CUDA path (fused AdamW: after the first update the step is queued before the host reads
+    # anything, held by found_inf on the device) against GradScaler.step handing the same kernel its found_inf
+    precision = PrecisionSpec(schedule_on_skip=on_skip, **F64)
+    params, batches = make_data()
+    want = seed_loop(params, batches, precision, "tokens", fused=True)
+    assert want["skipped"] == [t in POISON for t in range(6)]
+    got = run_torch(params, batches, precision, "tokens", fused=True)
+    assert_trace_close(got, want, atol=1e-12, rtol=1e-10)
+    for t in sorted(POISON):  # held: parameters and state as they were
+        for k in got["params"][t]:
+            np.testing.assert_array_equal(got["params"][t][k], got["params"][t - 1][k])
+        for a, b in zip(got["opt_state"][t].values(), got["opt_state"][t - 1].values()):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 @pytest.mark.parametrize("name", ["torch", "jax"])

@@ -4,7 +4,8 @@
   order; conformance.rules.inputs.first_nonfinite finds it among host arrays);
 - `nonfinite_norm_message`: clip.error_if_nonfinite's one-line error;
 - `check_nonfinite`: the [precision] on_nonfinite policy after an update was (or was not) skipped:
-  NonFiniteError at the first non-finite update under "raise", or beyond max_consecutive_skips.
+  NonFiniteError at the first non-finite update under "raise", or beyond max_consecutive_skips
+  (`policy_raises` says beforehand whether it will).
 
 ref_torch, ref_jax and the oracle all call these, so they raise the same NonFiniteError with the
 same message.
@@ -41,6 +42,13 @@ def describe_nonfinite(loss_finite: bool, grads_finite: Mapping[str, bool]) -> s
     return f"the gradient of {bad[0]!r}{more}"
 
 
+def policy_raises(spec: PrecisionSpec, consecutive: int) -> bool:
+    """Whether check_nonfinite raises for a skipped update, `consecutive` skipped in a row (this one
+    included): a trainer reads its flags, to name the bad tensor, only then."""
+    limit = spec.max_consecutive_skips
+    return spec.on_nonfinite == "raise" or (limit is not None and consecutive > limit)
+
+
 def check_nonfinite(
     spec: PrecisionSpec,
     consecutive: int,
@@ -57,7 +65,7 @@ def check_nonfinite(
     the flags' conjunction when only the overall decision is known."""
     if finite is None:
         finite = bool(loss_finite) and all(bool(v) for v in grads_finite.values())
-    if finite:
+    if finite or not policy_raises(spec, consecutive):
         return
     at = "" if update is None else f" at update {update}"
     what = describe_nonfinite(bool(loss_finite), {k: bool(v) for k, v in grads_finite.items()})
