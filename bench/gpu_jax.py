@@ -2,6 +2,7 @@
 step against a bare optax loop. Called by bench/gpu_check.sh; safe to run anywhere.
 
     python bench/gpu_jax.py [--updates 30] [--skip 10] [--steps 10] [--repeats 3] [--config configs/gpt2_small.toml]
+                            [--device cuda|cpu] [--set KEY=VALUE ...]
 
 1. Trainer: `ref_jax.trainer.train` on the config (bfloat16 through the dtype Policy, TF32
    matmuls, AdamW, token-normalized accumulation of 4 × 8 × 1024 tokens), `--updates` updates, no
@@ -12,7 +13,8 @@ step against a bare optax loop. Called by bench/gpu_check.sh; safe to run anywhe
    (bench/jax_step.py's pair), wall clock, medians of `--repeats`.
 
 Without a GPU visible to JAX (a CPU-only jaxlib, no driver) it prints SKIPPED and why, and exits 0,
-so a GPU check script goes on with its other steps. Exit 1 only when a step fails on a GPU.
+so a GPU check script goes on with its other steps. `--device cpu` runs both parts on the CPU
+(gpu_check.sh --smoke, with tiny sizes through --set). Exit 1 when a part fails.
 """
 
 from __future__ import annotations
@@ -89,18 +91,22 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10, help="updates per timed sequence of the step comparison")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-step", action="store_true", help="skip the step comparison with bare optax")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
-    gpus, why = gpu_devices()
-    if not gpus:
+    if args.skip >= args.updates:
+        sys.exit(f"--skip {args.skip} leaves no update of --updates {args.updates} to time")
+    gpus, why = gpu_devices() if args.device == "cuda" else ([], "")
+    if args.device == "cuda" and not gpus:
         print(f"gpu_jax: SKIPPED: {why}")
         return 0
     import jax
 
     from conformance.config import load_config
 
-    print(f"gpu_jax: jax {jax.__version__}, devices {[d.device_kind for d in gpus]}", flush=True)
+    print(f"gpu_jax: jax {jax.__version__}, devices {[d.device_kind for d in gpus or jax.devices('cpu')]}", flush=True)
     overrides = [f"run.max_updates={args.updates}", "run.eval_every=0", "checkpoint.every=0", "checkpoint.at_end=false",
-                 'run.device="cuda"', 'run.progress="lines"', "run.log_every=10"]
+                 f'run.device="{args.device}"', 'run.progress="lines"', "run.log_every=10", *args.overrides]
     failed = False
     try:
         config = load_config(args.config, overrides)
