@@ -112,7 +112,8 @@ def user_loss(loss_fn: Callable[[Any, Any], Any], out: Any, batch: Mapping[str, 
     if not isinstance(total, torch.Tensor) or total.ndim != 0:
         raise InputError("loss_fn's sum must be a scalar tensor (the loss summed over the batch)")
     total = total.float() if total.dtype in (torch.float16, torch.bfloat16) else total
-    count = torch.as_tensor(count, device=total.device).to(total.dtype)
+    # non-blocking: a count on the host is staged at once, without waiting for the device
+    count = torch.as_tensor(count).to(device=total.device, dtype=total.dtype, non_blocking=True)
     return LossOutput(total / count, total, count)
 
 

@@ -125,7 +125,7 @@ def wrap(model: torch.nn.Module, device: torch.device, world_size: int, parallel
 
 def sum_over_ranks(x: Any, device: torch.device) -> Any:
     """The element-wise sum of a tensor over all ranks (a new tensor on `device`)."""
-    out = torch.as_tensor(x).to(device=device, dtype=torch.float64).clone()
+    out = torch.as_tensor(x).to(device=device, dtype=torch.float64, non_blocking=True).clone()  # no wait for the device
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
 

@@ -141,7 +141,7 @@ def _prepare(config: Config, run: Run, window: Any, device: torch.device, dtype:
         global_counts = list(ddp.sum_over_ranks(torch.tensor(counts, dtype=torch.float64), device))
     batches = [(_model.to_device(_fields(b), device, dtype), c) for b, c in zip(window.batches, global_counts)]
     if tokens and world > 1 and counts is not None:
-        return batches, torch.tensor(counts, dtype=torch.float64, device=device)
+        return batches, torch.tensor(counts, dtype=torch.float64).to(device, non_blocking=True)
     return batches, counts if tokens else None
 
 

@@ -42,6 +42,12 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
     return ell, (valid.to(ell.dtype) if valid is not None else torch.ones_like(ell))
 
 
+def _on(values: Any, like: torch.Tensor) -> torch.Tensor:
+    """Config numbers as a tensor in `like`'s dtype on its device: made on the host and copied
+    without blocking (a blocking copy to an accelerator waits for everything queued before it)."""
+    return torch.tensor(values, dtype=like.dtype).to(like.device, non_blocking=True)
+
+
 def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None) -> tuple[Any, Any, Any]:
     # (ℓ, count weights or None, valid mask or None): None, None means a count weight of 1
     # everywhere, and weights None with a mask means 1 where valid, 0 elsewhere; compute_loss sums
@@ -62,8 +68,7 @@ def _elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = Non
         count_w = torch.where(valid, weight[torch.where(valid, target, 0)], 0).to(ell.dtype)
         return (_plus_z_loss(spec, prediction, ell, count_w) if spec.z_loss else ell), count_w, None
     if name == "bce_with_logits":
-        pos = None if spec.pos_weight is None else torch.tensor(spec.pos_weight, dtype=prediction.dtype,
-                                                                device=prediction.device)
+        pos = None if spec.pos_weight is None else _on(spec.pos_weight, prediction)
         ell = F.binary_cross_entropy_with_logits(prediction, target, weight=weight, pos_weight=pos,
                                                  reduction="none")
     elif name == "sigmoid_focal":
@@ -138,7 +143,7 @@ def compute_loss(
         prediction = prediction.float()
         target = target.float() if target.is_floating_point() else target
     if weight is None and spec.weight is not None:
-        weight = torch.tensor(spec.weight, dtype=prediction.dtype, device=prediction.device)
+        weight = _on(spec.weight, prediction)
     elif weight is not None:
         weight = weight.to(prediction.dtype)
     if mask is None and sample_weight is None and spec.reduction in ("mean", "sum"):
@@ -158,14 +163,14 @@ def compute_loss(
         count_w = torch.where(mask, count_w, torch.zeros((), dtype=ell.dtype, device=ell.device))
     total = ell.sum()
     if spec.reduction == "batchmean":
-        count = torch.tensor(float(prediction.shape[0]) if prediction.ndim else 1.0,
-                             dtype=ell.dtype, device=ell.device)
+        count = torch.full((), float(prediction.shape[0]) if prediction.ndim else 1.0, dtype=ell.dtype,
+                           device=ell.device)
     elif count_w is not None:
         count = count_w.sum()
     elif valid is not None:
         count = valid.sum(dtype=ell.dtype)  # a sum of ones and zeros: exact, as valid.to(dtype).sum()
     else:
-        count = torch.tensor(float(ell.numel()), dtype=ell.dtype, device=ell.device)
+        count = torch.full((), float(ell.numel()), dtype=ell.dtype, device=ell.device)
     if spec.reduction == "none":
         return LossOutput(ell, total, count)
     if spec.reduction == "sum":
