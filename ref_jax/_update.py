@@ -88,6 +88,7 @@ class DeviceInfo(NamedTuple):
     loss_scale: Any
     loss_finite: Any
     grads_finite: Any
+    consecutive: Any  # skipped updates in a row, this one included (the policy's count)
 
 
 Hyperparams = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
@@ -139,10 +140,10 @@ def make_update_step(
             return jax.tree.map(lambda n, o: jnp.where(applied, n, o), new, old)
 
         _, grad_flags = finite_flags(out.loss, grads)
+        skips = record_update(state.skips, finite)
         new_state = UpdateState(keep(new_params, state.params), keep(new_opt, opt_state),
-                                update_scale(prec, state.scale, finite), record_update(state.skips, finite),
-                                out.model_state)
-        info = DeviceInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags)
+                                update_scale(prec, state.scale, finite), skips, out.model_state)
+        info = DeviceInfo(out.loss, norm, ~finite, state.scale.scale, loss_ok, grad_flags, skips.consecutive)
         return new_state, info
 
     return step
@@ -150,10 +151,12 @@ def make_update_step(
 
 def finish_update(specs: UpdateSpecs, state: UpdateState, info: DeviceInfo,
                   update: int | None = None) -> UpdateInfo:
-    """Host side of an update: apply the non-finite policy (NonFiniteError) and return the metrics."""
+    """Host side of an update: apply the non-finite policy (NonFiniteError) and return the metrics.
+    Reads only `info` (fetched in one transfer); `state` is the update's new state."""
     skipped = bool(info.skipped)
     if skipped:
-        check_nonfinite(specs.precision, state.skips, info.loss_finite, info.grads_finite, update)
+        skips = SkipState(state.skips.skipped, info.consecutive)
+        check_nonfinite(specs.precision, skips, info.loss_finite, info.grads_finite, update)
     else:
         check_norm(specs.clip, info.grad_norm, info.grads_finite)
     return UpdateInfo(float(info.loss), float(info.grad_norm), skipped,

@@ -1,4 +1,4 @@
-"""No host waits inside a torch update: between a window's first forward pass and its optimizer step
+"""No host waits inside an update: between a window's first forward pass and its optimizer step
 nothing reads the device, and an update reads it once, after its step, for the metrics line
 (ref_torch._update.apply_update). Counted on the CPU with the kernels CUDA gets (fused AdamW):
 
@@ -14,6 +14,11 @@ planted `bool(tensor)` inside the loss are both caught.
 
 torch.compile: the built-in gpt compiles to one graph with no break (torch._dynamo.explain), in
 training mode with and without dropout; control: a forward pass with a host read breaks.
+
+JAX (ref_jax._steps): the jitted update reads nothing, and the host fetches its metrics once per
+update in one jax.device_get, after the next window is laid out (a skipped update included: the
+policy's count comes with the metrics); every other fetch of an array's value is counted through
+ArrayImpl._value. Control: a read of the step's loss before the fetch is caught.
 """
 
 from __future__ import annotations
@@ -232,3 +237,85 @@ def test_the_builtin_gpt_compiles_without_graph_breaks(cls: type, dropout: float
         assert broken == 0 and explained.graph_count == 1, explained.break_reasons
     else:
         assert broken >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX: the jitted update reads nothing; the host fetches its metrics once, in one device_get
+# ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def counting_jax(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    """Per JAX Steps.update: ("read", "device_get") for each jax.device_get, ("read", where) for
+    every other fetch of an array's value (float(x), np.asarray(x), x.item(), ...: ArrayImpl._value)."""
+    import jax
+    from jax._src.array import ArrayImpl
+
+    from ref_jax import _steps as jsteps
+
+    reads, inside, active = Reads(), [0], [False]
+    value, device_get, update = ArrayImpl._value, jax.device_get, jsteps.Steps.update
+
+    def counted_get(x: Any) -> Any:
+        if active[0]:
+            reads.events.append(("read", "device_get"))
+        inside[0] += 1
+        try:
+            return device_get(x)
+        finally:
+            inside[0] -= 1
+
+    def counted_value(self: Any) -> Any:
+        if active[0] and not inside[0]:
+            reads.read("ArrayImpl._value")
+        return value.fget(self)
+
+    def counted_update(self: Any, t: int) -> Any:
+        reads.events.append(("update", t))
+        active[0] = True
+        try:
+            return update(self, t)
+        finally:
+            active[0] = False
+
+    monkeypatch.setattr(ArrayImpl, "_value", property(counted_value))
+    monkeypatch.setattr(jax, "device_get", counted_get)
+    monkeypatch.setattr(jsteps.Steps, "update", counted_update)
+    yield reads
+
+
+def jax_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> list[list[str]]:
+    from ref_jax.trainer import train as jax_train
+
+    with counting_jax(monkeypatch) as reads:
+        jax_train(config(precision), tmp_path / "jax", progress="none")
+    return [[what for kind, what in events if kind == "read"] for events in reads.per_update()]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16-dynamic"])
+def test_jax_update_reads_its_metrics_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    per_update = jax_reads(tmp_path, monkeypatch, precision)
+    assert per_update == [["device_get"]] * TINY["run"]["max_updates"]
+    skipped = [r["skipped"] for r in updates(read_metrics(tmp_path / "jax" / "metrics.jsonl"))]
+    assert skipped == [precision == "float16-dynamic" and t == 3 for t in range(6)]
+
+
+def test_jax_negative_control_a_read_of_the_step_output_is_caught(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from ref_jax import _steps as jsteps
+
+    make = jsteps.make_train_step
+
+    def planted(*args: Any, **kwargs: Any) -> Any:
+        step = make(*args, **kwargs)
+
+        def careless(*a: Any) -> Any:
+            state, out = step(*a)
+            float(out.info.loss)  # what a careless loop does: wait for the loss before anything else
+            return state, out
+
+        return careless
+
+    monkeypatch.setattr(jsteps, "make_train_step", planted)
+    per_update = jax_reads(tmp_path, monkeypatch, "float32")
+    assert all(reads[0].startswith("ArrayImpl._value") and reads[1:] == ["device_get"] for reads in per_update)
