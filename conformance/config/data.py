@@ -47,6 +47,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "path": FILES,
     "val_path": ("tokens", "arrays"),
     "val_fraction": tuple(n for n in DATASET_NAMES if n != "tokens"),
+    "corpus": ("text",),
     "block_size": LANGUAGE,
     "stride": LANGUAGE,
     "inputs": ("arrays", "user"),
@@ -58,8 +59,9 @@ class DataSpec(Section):
     """A dataset and how it is batched. `batch_size` is the micro-batch per rank; `eval_batch_size`
     defaults to it. `seed` draws synthetic data and the train/validation split (default: run.seed);
     the shuffle order always comes from run.seed and the epoch. `drop_last` drops each epoch's
-    incomplete last global micro-batch. Text: `path` (a UTF-8 file; default: a corpus shipped with
-    Python), `block_size` (default: model.block_size) and `stride` between windows (default:
+    incomplete last global micro-batch. Text: `path` (a UTF-8 file) or `corpus`, a built-in text:
+    "python_help" (Python's help topics, the default) or "tinyshakespeare" (nanoGPT's
+    shakespeare_char corpus, shipped with twinstep), `block_size` (default: model.block_size) and `stride` between windows (default:
     block_size). Tokens: `path` and `val_path` are globs of llm.c token shards (a header of 256
     int32: magic 20240520, version 1, token count; then uint16 tokens), windows of block_size + 1
     tokens that stay inside one shard. Arrays: `path` (and `val_path`) an .npz file or a directory
@@ -76,6 +78,7 @@ class DataSpec(Section):
     drop_last: bool = False
     path: str | None = None
     val_path: str | None = None
+    corpus: Literal["python_help", "tinyshakespeare"] | None = None
     block_size: PosInt | None = None
     stride: PosInt | None = None
     inputs: str = "x"
@@ -95,6 +98,8 @@ class DataSpec(Section):
             value = getattr(self, field)
             if value is not None and not value.strip():
                 raise field_error(field, "must name a file, a directory or a glob; omit it instead of leaving it empty")
+        if self.corpus is not None and self.path is not None:
+            raise field_error("corpus", "and data.path both name the text; keep one")
         if self.name in ("tokens", "arrays") and self.path is None:
             what = "a glob of token shards" if self.name == "tokens" else "an .npz file or a directory of .npy files"
             raise field_error("path", f"is required with name = {self.name!r} ({what})")

@@ -14,7 +14,8 @@ MAX_UPDATES = 2**31 - 1  # the JAX trainer counts updates in int32 on the device
 class RunSpec(Section):
     """How long to train (`epochs`, or `max_updates`, which overrides it), where (`device`), with
     which seed, and how often to evaluate (`eval_every` updates, and after the last one; 0 = never)
-    and log (`log_every`: progress lines every N updates, unset = about 20 per run; metrics.jsonl
+    on how much (`eval_batches`: a fixed subset of that many validation batches, drawn once from
+    run.seed, the same at every evaluation and on every backend; unset = the whole split) and log (`log_every`: progress lines every N updates, unset = about 20 per run; metrics.jsonl
     has every update). `compile`: torch.compile
     the model (JAX always jits). `deterministic`: deterministic kernels (torch:
     use_deterministic_algorithms, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG), which exact resume
@@ -34,6 +35,7 @@ class RunSpec(Section):
     max_updates: IntIn(1, MAX_UPDATES) | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     eval_every: NonNegInt = 100
+    eval_batches: PosInt | None = None
     log_every: PosInt | None = None
     progress: Literal["auto", "bar", "lines", "none"] = "auto"
     tensorboard: bool = False

@@ -6,7 +6,7 @@ sampling.py for the index arithmetic; docs/models.md ("Data") for the semantics.
 
 from __future__ import annotations
 
-from conformance.data.datasets import default_corpus, digits_raw, load_dataset
+from conformance.data.datasets import builtin_corpus, default_corpus, digits_raw, load_dataset
 from conformance.data.pipeline import (
     Batch,
     DataPipeline,
@@ -19,6 +19,6 @@ from conformance.data.splits import ArraySplit, DataInfo, Dataset, TokenSplit, c
 
 __all__ = [
     "ArraySplit", "Batch", "DataInfo", "DataPipeline", "Dataset", "TokenSplit", "Window", "batch_hash",
-    "check_split", "default_corpus", "digits_raw", "load_dataset",
+    "builtin_corpus", "check_split", "default_corpus", "digits_raw", "load_dataset",
     "planned_updates", "updates_per_epoch",
 ]

@@ -40,6 +40,8 @@ DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa2
 BLOB_FEATURES, BLOB_INFORMATIVE = 20, 5  # x ~ N(0, 1)^20, label = sum(x[:5]) > 0: 5 informative features of 20
 MAX_TEXT_BYTES = 1 << 30  # beyond 1 GiB a character-level corpus wants a real tokenizer pipeline
 DEFAULT_CORPUS = "pydoc_data.topics"
+# data.corpus: the texts shipped with twinstep or Python (provenance: conformance/data/assets/README.md)
+TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the text
 
 def linear_regression(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Seed 001 §3.2: x = linspace(-1, 1, n) as a column, y = 3x + 2."""
@@ -73,6 +75,22 @@ def default_corpus() -> str:
             f"data.path: the built-in corpus ({DEFAULT_CORPUS}) is missing from this Python; name a UTF-8 file"
         ) from None
     return "\n".join(topics[key] for key in sorted(topics))
+
+
+def builtin_corpus(name: str) -> str:
+    """The text of a built-in corpus (data.corpus): "python_help" (default_corpus) or
+    "tinyshakespeare" (karpathy/char-rnn's 1,115,394 characters of Shakespeare, nanoGPT's
+    shakespeare_char data), checked against its recorded sha256."""
+    if name == "python_help":
+        return default_corpus()
+    if name != "tinyshakespeare":
+        raise ConfigError(f"data.corpus: no built-in corpus {name!r}; choose python_help or tinyshakespeare")
+    packed = importlib.resources.files("conformance.data").joinpath("assets/tinyshakespeare.txt.gz").read_bytes()
+    raw = gzip.decompress(packed)
+    if hashlib.sha256(raw).hexdigest() != TINYSHAKESPEARE_SHA256:
+        raise InputError("conformance/data/assets/tinyshakespeare.txt.gz does not match its recorded sha256; "
+                         "reinstall twinstep")
+    return raw.decode("utf-8")
 
 
 def read_corpus(path: str) -> str:
@@ -110,7 +128,7 @@ def _windows(n_tokens: int, block_size: int, stride: int) -> np.ndarray:
 
 
 def _text_dataset(spec: DataSpec, block_size: int) -> Dataset:
-    text = default_corpus() if spec.path is None else read_corpus(spec.path)
+    text = read_corpus(spec.path) if spec.path is not None else builtin_corpus(spec.corpus or "python_help")
     vocab = tuple(sorted(set(text)))
     lookup = {ch: i for i, ch in enumerate(vocab)}
     tokens = np.fromiter((lookup[ch] for ch in text), dtype=np.int64, count=len(text))
@@ -119,7 +137,7 @@ def _text_dataset(spec: DataSpec, block_size: int) -> Dataset:
     stride = spec.stride or block_size
     train = TokenSplit(train_tokens, _windows(len(train_tokens), block_size, stride), block_size)
     val = TokenSplit(val_tokens, _windows(len(val_tokens), block_size, block_size), block_size)
-    source = spec.path or DEFAULT_CORPUS
+    source = spec.path or (f"the built-in corpus {spec.corpus}" if spec.corpus else DEFAULT_CORPUS)
     if len(train) == 0:
         raise InputError(
             f"data.block_size: the training part of {source} has {len(train_tokens)} characters, "

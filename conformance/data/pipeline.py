@@ -135,13 +135,30 @@ class DataPipeline:
         return epochs * self._window_sizes.total() + self._window_sizes.first(rest)
 
     def val_batches(self) -> Iterator[Batch]:
-        """This rank's validation batches, in order, every sample once (no shuffle, no drop)."""
+        """This rank's validation batches, in order, every sample once (no shuffle, no drop); with
+        run.eval_batches = N, the N of them `eval_subset` chooses."""
         n = len(self.dataset.val)
-        per_rank = self.config.data.eval_batch_size or self.config.data.batch_size
-        step = per_rank * self.world_size
-        for j, start in enumerate(range(0, n, step)):
+        step = self._val_step()
+        starts = list(range(0, n, step))
+        chosen = self.eval_subset()
+        for j in (range(len(starts)) if chosen is None else chosen):
+            start = starts[j]
             part = sampling.shard(np.arange(start, min(start + step, n)), self.rank, self.world_size)
             yield self._batch(self.dataset.val.take(part), part, 0, j, min(start + step, n) - start)
+
+    def eval_subset(self) -> list[int] | None:
+        """The validation batches run.eval_batches = N evaluates, by index in val_batches' order:
+        N drawn without replacement from run.seed, sorted, the same at every evaluation, on every
+        rank and backend (a pure function of the config); None = every batch (unset, or N at least
+        their number)."""
+        wanted = self.config.run.eval_batches
+        total = -(-len(self.dataset.val) // self._val_step())
+        if wanted is None or wanted >= total:
+            return None
+        return sorted(int(j) for j in sampling.random_order(self.seed, "eval_batches", total)[:wanted])
+
+    def _val_step(self) -> int:
+        return (self.config.data.eval_batch_size or self.config.data.batch_size) * self.world_size
 
     def _batch(self, fields: Mapping[str, np.ndarray], index: np.ndarray, epoch: int, j: int, size: int) -> Batch:
         spec = self.config.data

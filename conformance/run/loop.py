@@ -85,6 +85,9 @@ def drive(run: Run, steps: Steps) -> TrainResult:
         val_loss = None
         if eval_due(run, t):
             record = eval_record(t, steps.evaluate(t), run.data.info.task == "language_model")
+            subset = run.data.eval_subset()
+            if subset is not None:  # run.eval_batches: the estimate's size goes with it
+                record["val_batches"] = len(subset)
             record_evaluation(run, record)
             steps.observe(record)  # updates t + 1, ... apply what it decides
             val_loss = record["val_loss"]
