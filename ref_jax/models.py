@@ -33,7 +33,8 @@ from conformance.rules.models import (
 from ref_jax._nnx import param_paths
 from ref_jax.backend import framework_dtype
 
-__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "named_parameters"]
+__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "last_logits",
+           "named_parameters"]
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -276,3 +277,26 @@ def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype
     _load(model, params, dt)
     inp = jnp.asarray(np.asarray(x, np.int64)) if spec.name == "gpt" else jnp.asarray(np.asarray(x, np.float64), dt)
     return np.asarray(jax.device_get(model(inp)), np.float64)
+
+
+def last_logits(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str = "float64") -> Callable[[np.ndarray], np.ndarray]:
+    """The gpt `spec` with the given neutral parameters (eval mode) as a function of a token window
+    (1-D int array, 1 <= length <= block_size) returning the float64 logits after its last token.
+    The window is padded to block_size, so one program serves every length (causal attention: the
+    padding changes no earlier position)."""
+    dt = _check_dtype(dtype)
+    shapes = {k: tuple(v.shape) for k, v in params.items()}
+    spec = spec.model_copy(update=dims_from_params(spec, shapes))
+    model = _make(spec, None, dt)
+    _load(model, params, dt)
+    apply, weights = functional(model), named_parameters(model)
+    block = spec.block_size
+    step = jax.jit(lambda w, x, n: apply(w, x)[0, n - 1])
+
+    def logits(window: np.ndarray) -> np.ndarray:
+        n = len(window)
+        padded = np.zeros((1, block), np.int32)
+        padded[0, :n] = window
+        return np.asarray(jax.device_get(step(weights, jnp.asarray(padded), n)), np.float64)
+
+    return logits

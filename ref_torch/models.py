@@ -29,7 +29,8 @@ from conformance.rules.models import (
 )
 from ref_torch.backend import framework_dtype
 
-__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "named_parameters"]
+__all__ = ["GPT", "LN_EPS", "LinearModel", "MLP", "build_model", "forward", "functional", "last_logits",
+           "named_parameters"]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
@@ -188,3 +189,28 @@ def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype
         inp = inp.to(framework_dtype(dtype))
     with torch.inference_mode():
         return model(inp).to(torch.float64).numpy()
+
+
+def last_logits(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str = "float64") -> Callable[[np.ndarray], np.ndarray]:
+    """The gpt `spec` with the given neutral parameters (eval mode) as a function of a token window
+    (1-D int array, 1 <= length <= block_size) returning the float64 logits after its last token.
+    The window is padded to block_size, so one program serves every length (causal attention: the
+    padding changes no earlier position)."""
+    shapes = {k: tuple(v.shape) for k, v in params.items()}
+    spec = spec.model_copy(update=dims_from_params(spec, shapes))
+    with torch.device("meta"):
+        model = _make(spec, None)
+    model = model.to_empty(device="cpu").to(framework_dtype(dtype))
+    model._tie_weights()
+    _load(model, params)
+    model.eval()
+    block = spec.block_size
+
+    def logits(window: np.ndarray) -> np.ndarray:
+        n = len(window)
+        padded = np.zeros((1, block), np.int64)
+        padded[0, :n] = window
+        with torch.inference_mode():
+            return model(torch.from_numpy(padded))[0, n - 1].to(torch.float64).numpy()
+
+    return logits
