@@ -35,6 +35,7 @@ from conformance.rules import plateau
 from conformance.rules.groups import group_base_lrs
 from conformance.rules.schedules import start_lrs
 from conformance.run import records
+from conformance.run.pretrained import initial_weights
 from conformance.run.session import Run
 from conformance.run.validate import check_optimizer_entries
 from ref_jax import _model, backend
@@ -154,6 +155,9 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
     config = run.config
     key = jax.random.key(config.run.seed)
     params, model_state = parts.params, parts.state
+    pretrained = initial_weights(config, run.data.info) if run.checkpoint is None else None
+    if pretrained is not None:  # [model] init on a fresh start (a resume has its own weights)
+        params = {n: jnp.asarray(pretrained[n], params[n].dtype) for n in params}
     opt_state = parts.tx.init(params)
     scale = init_scale_state(config.precision)
     skips = init_skip_state()

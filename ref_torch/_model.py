@@ -69,6 +69,16 @@ def make(config: Config, info: DataInfo, device: torch.device, model: Any = None
     return model.to(device=device, dtype=framework_dtype(config.precision.param_dtype)).train()
 
 
+def load_pretrained(model: torch.nn.Module, weights: Mapping[str, Any] | None) -> None:
+    """Copy [model] init's neutral weights into the built-in model's parameters (cast to their
+    dtype); None leaves the seed's initialisation."""
+    if weights is None:
+        return
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(np.asarray(weights[name])).to(p.dtype))
+
+
 def named(module: torch.nn.Module, rename: Mapping[str, str]) -> Tensors:
     """The module's tensors by neutral name (after wrapping: FSDP replaces the parameters)."""
     params = dict(module.named_parameters())

@@ -24,6 +24,7 @@ from conformance.rules.inputs import INDEX_LOSSES
 from conformance.rules.schedules import check_observed, check_run_length
 from conformance.run.batches import injected, window_counts
 from conformance.run.loop import Update
+from conformance.run.pretrained import initial_weights
 from conformance.run.records import EvalTotals
 from conformance.run.session import Run
 from ref_torch import _fsdp, _model, _train_state
@@ -47,6 +48,8 @@ class Steps:
         rt.seed_everything(config.run.seed + run.rank)
         self.pdtype = framework_dtype(config.precision.param_dtype)
         model = _model.make(config, run.data.info, device, model)
+        if run.checkpoint is None:  # [model] init: pretrained weights on a fresh start (a resume has its own)
+            _model.load_pretrained(model, initial_weights(config, run.data.info))
         if run.world_size > 1 and config.run.parallel == "fsdp":
             _fsdp.check(config)
         # FSDP shards `model` in place

@@ -26,6 +26,7 @@ MODEL_NAMES: tuple[str, ...] = ModelName.__args__  # type: ignore[attr-defined]
 
 # Which model reads which option; setting an option another model would ignore is an error.
 USED_BY: dict[str, tuple[str, ...]] = {
+    "init": ("linear", "mlp", "gpt"),
     "in_features": ("linear", "mlp"),
     "out_features": ("linear", "mlp"),
     "hidden": ("mlp",),
@@ -54,7 +55,10 @@ class ModelSpec(Section):
     to neutral ones (`{"fc.kernel" = "fc.weight"}`: a name that framework does not have is
     skipped, but each entry must name something on one side: the key or the value);
     `fsdp_units` are glob patterns over module names (torch `named_modules()`) that become FSDP2
-    units (default: every top-level child module that holds parameters)."""
+    units (default: every top-level child module that holds parameters). `init` starts a fresh run of
+    a built-in model from pretrained weights: a Hugging Face GPT-2 directory, a .safetensors, .pt or
+    .bin state_dict, or a twinstep checkpoint or export (conformance/run/pretrained.py); a resume
+    does not read it again."""
 
     name: ModelName = "mlp"
     in_features: PosInt | None = None
@@ -73,10 +77,14 @@ class ModelSpec(Section):
     flops_per_token: Positive | None = None
     rename: dict[str, str] = Field(default_factory=dict)
     fsdp_units: list[str] | None = None
+    init: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         self.reject_unused(USED_BY, "name")
+        if self.init is not None and not self.init.strip():
+            raise field_error("init", "must name a weights file or directory; omit it to start from the seed's "
+                                      "initialisation")
         if self.name == "mlp" and not self.hidden:
             raise field_error("hidden", "must list at least one width; use name = 'linear' for no hidden layer")
         if len(set(self.rename.values())) != len(self.rename):

@@ -183,13 +183,28 @@ def _flax(spec: ModelSpec, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return out
 
 
+def _zero_biases_dropped(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A GPT-2 directory always holds biases: for a model with bias = false they must be zero
+    (as `twinstep export --to hf` writes them) and are dropped; a non-zero one is refused."""
+    out = {}
+    for k, v in tensors.items():
+        if k.endswith(".bias"):
+            if np.any(np.asarray(v, np.float64) != 0):
+                raise InputError(f"weight {k!r} is a non-zero bias, but model.bias = false; set model.bias = true "
+                                 f"to keep it")
+            continue
+        out[k] = v
+    return out
+
+
 def to_neutral(spec: ModelSpec, tensors: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
     """Rename and re-lay a flat tensor dict of format `fmt` into neutral names (unchecked)."""
     tensors = _strip(tensors)
     if fmt == "flax":
         tensors = _flax(spec, tensors)
     if spec.name == "gpt":
-        return _gpt(tensors, transpose=fmt == "hf")
+        out = _gpt(tensors, transpose=fmt == "hf")
+        return _zero_biases_dropped(out) if fmt == "hf" and not spec.bias else out
     if fmt == "hf":
         raise InputError(f"format 'hf' (GPT-2 Conv1D layout) is for model.name = 'gpt'; received {spec.name!r}")
     return tensors

@@ -1,0 +1,134 @@
+"""`[model] init`: a fresh run starts from pretrained weights (conformance/run/pretrained.py), on
+both trainers.
+
+A run trains a tiny gpt and is exported as a Hugging Face GPT-2 directory (with the zero biases
+GPT-2 always has, for a bias-free model); a run with `init` pointing at it starts at the trained
+model's loss: its first update's loss equals the loss of those weights on the same window, computed
+here with F.cross_entropy (control: without init the loss is the untrained ln 65). The same weights
+load from the checkpoint directory and from a torch .pt state_dict. A resume does not read the file
+again (it is deleted before resuming; the resumed run equals an uninterrupted one). Refusals name
+model.init and the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from support.trainers import FRAMEWORKS, Trainer, trainer  # noqa: F401  (the fixture)
+
+from conformance.cli import main
+from conformance.config import load_config
+from conformance.data import DataPipeline
+from conformance.errors import InputError
+from conformance.run.metrics import read_metrics, updates
+from ref_torch.models import build_model
+from ref_torch.trainer import train as torch_train
+
+BASE = {"model": {"name": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "bias": False},
+        "data": {"name": "text", "corpus": "tinyshakespeare", "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 3e-3}, "checkpoint": {"every": 0, "at_end": True},
+        "run": {"max_updates": 15, "eval_every": 0, "seed": 4}}
+
+
+def cfg(**model: Any) -> dict[str, Any]:
+    out = {k: dict(v) for k, v in BASE.items()}
+    out["model"].update(model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("pretrained")
+    result = torch_train(cfg(), root / "run", progress="none")
+    assert main(["export", str(root / "run"), "--to", "hf", "-o", str(root / "hf")]) == 0
+    torch.save({f"module.{k}": torch.from_numpy(v) for k, v in result.params.items()}, root / "ddp.pt")
+    return {"root": root, "params": result.params, "checkpoint": result.checkpoint}
+
+
+def first_window_loss(params: dict[str, np.ndarray]) -> float:
+    """The mean token cross-entropy of `params` on update 0's window, computed here."""
+    config = load_config(cfg())
+    pipe = DataPipeline(config)
+    model = build_model(config.model, pipe.info)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(params[name]))
+        total, count = 0.0, 0
+        for batch in pipe.window(0).batches:
+            logits = model(torch.from_numpy(batch.x))
+            total += float(F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch.y).flatten(), reduction="sum"))
+            count += batch.y.size
+    return total / count
+
+
+def first_loss(trainer: Trainer, out: Path, **model: Any) -> float:  # noqa: F811
+    config = cfg(**model)
+    config["run"]["max_updates"] = 1
+    _, records = trainer.run(config, out)
+    return updates(records)[0]["loss"]
+
+
+def test_a_run_starts_from_the_exported_model(trainer: Trainer, trained: dict, tmp_path: Path) -> None:  # noqa: F811
+    want = first_window_loss(trained["params"])
+    got = first_loss(trainer, tmp_path / "hf", init=str(trained["root"] / "hf"))
+    assert got == pytest.approx(want, rel=1e-5)
+    fresh = first_loss(trainer, tmp_path / "fresh")
+    assert abs(fresh - math.log(65)) < 0.1 and abs(fresh - want) > 0.3  # control: the untrained model
+
+
+def test_checkpoints_and_torch_files_load_the_same_weights(trainer: Trainer, trained: dict,  # noqa: F811
+                                                           tmp_path: Path) -> None:
+    losses = [first_loss(trainer, tmp_path / name, init=str(path)) for name, path in
+              (("hf", trained["root"] / "hf"), ("ckpt", trained["checkpoint"]), ("pt", trained["root"] / "ddp.pt"))]
+    assert losses[0] == losses[1] == losses[2]
+
+
+def test_a_resume_does_not_read_the_file_again(trained: dict, tmp_path: Path) -> None:
+    source = tmp_path / "weights"
+    shutil.copytree(trained["root"] / "hf", source)
+    whole = cfg(init=str(source))
+    whole["run"]["max_updates"], whole["checkpoint"]["every"] = 4, 2
+    torch_train(whole, tmp_path / "whole", progress="none")
+    part = {**whole, "run": {**whole["run"], "max_updates": 2}}
+    torch_train(part, tmp_path / "part", progress="none")
+    shutil.rmtree(source)
+    resumed = torch_train(whole, tmp_path / "part", progress="none", resume=True)
+    want = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert [r["loss"] for r in updates(read_metrics(tmp_path / "part" / "metrics.jsonl"))] == \
+        [r["loss"] for r in updates(want)]
+    assert resumed.updates_done == 4
+    with pytest.raises(InputError, match=r"^model.init: .*weights: no such file or directory"):
+        torch_train(whole, tmp_path / "again", progress="none")
+
+
+def test_a_mismatched_model_is_refused_naming_the_tensor(trained: dict, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"^model.init: .*model.safetensors: weight 'transformer.wte.weight' has "
+                                         r"shape \(65, 16\); the model needs \(65, 32\)"):
+        torch_train(cfg(init=str(trained["root"] / "hf"), n_embd=32), tmp_path / "run", progress="none")
+
+
+def test_a_nonzero_bias_for_a_bias_free_model_is_refused(trained: dict, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(trained["root"] / "hf", tmp_path / "hf")
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    tensors["transformer.h.0.mlp.c_fc.bias"] = tensors["transformer.h.0.mlp.c_fc.bias"] + 1.0
+    save_file(tensors, tmp_path / "hf" / "model.safetensors")
+    with pytest.raises(InputError, match=r"'transformer.h.0.mlp.c_fc.bias' is a non-zero bias, but model.bias = "
+                                         r"false"):
+        torch_train(cfg(init=str(tmp_path / "hf")), tmp_path / "run", progress="none")
+
+
+def test_paths_without_weights_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"^model.init: .*empty holds no model.safetensors or pytorch_model.bin$"):
+        torch_train(cfg(init=str(tmp_path / "empty")), tmp_path / "a", progress="none")
+    with pytest.raises(InputError, match=r"^model.init: .*nothing: no such file or directory$"):
+        torch_train(cfg(init=str(tmp_path / "nothing")), tmp_path / "b", progress="none")
