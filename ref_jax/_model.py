@@ -153,6 +153,14 @@ def make(config: Config, info: DataInfo, model: Any = None) -> Model:
                      f"received {type(model).__name__}")
 
 
+def load_pretrained(params: dict[str, Any], weights: Mapping[str, Any] | None) -> dict[str, Any]:
+    """[model] init's neutral weights as the built-in model's parameters, cast to their dtypes (torch
+    copies them in place, JAX returns new arrays); None leaves the seed's initialisation."""
+    if weights is None:
+        return params
+    return {n: jnp.asarray(np.asarray(weights[n]), p.dtype) for n, p in params.items()}
+
+
 def to_tensors(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Model state as NumPy for a checkpoint: a typed PRNG key as its uint32 key data."""
     out = {}

@@ -155,9 +155,8 @@ def initial_state(parts: Parts, run: Run, place: Placement) -> tuple[TrainState,
     config = run.config
     key = jax.random.key(config.run.seed)
     params, model_state = parts.params, parts.state
-    pretrained = initial_weights(config, run.data.info) if run.checkpoint is None else None
-    if pretrained is not None:  # [model] init on a fresh start (a resume has its own weights)
-        params = {n: jnp.asarray(pretrained[n], params[n].dtype) for n in params}
+    if run.checkpoint is None and config.model.init is not None:  # a resume has its own weights
+        params = _model.load_pretrained(params, initial_weights(config, run.data.info))
     opt_state = parts.tx.init(params)
     scale = init_scale_state(config.precision)
     skips = init_skip_state()

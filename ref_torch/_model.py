@@ -70,8 +70,8 @@ def make(config: Config, info: DataInfo, device: torch.device, model: Any = None
 
 
 def load_pretrained(model: torch.nn.Module, weights: Mapping[str, Any] | None) -> None:
-    """Copy [model] init's neutral weights into the built-in model's parameters (cast to their
-    dtype); None leaves the seed's initialisation."""
+    """[model] init's neutral weights as the built-in model's parameters, cast to their dtypes (torch
+    copies them in place, JAX returns new arrays); None leaves the seed's initialisation."""
     if weights is None:
         return
     with torch.no_grad():

@@ -48,7 +48,7 @@ class Steps:
         rt.seed_everything(config.run.seed + run.rank)
         self.pdtype = framework_dtype(config.precision.param_dtype)
         model = _model.make(config, run.data.info, device, model)
-        if run.checkpoint is None:  # [model] init: pretrained weights on a fresh start (a resume has its own)
+        if run.checkpoint is None and config.model.init is not None:  # a resume has its own weights
             _model.load_pretrained(model, initial_weights(config, run.data.info))
         if run.world_size > 1 and config.run.parallel == "fsdp":
             _fsdp.check(config)

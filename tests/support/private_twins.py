@@ -200,6 +200,8 @@ OWN_SIGNATURES: dict[tuple[str, str], str] = {
                                    "process_allgather needs neither",
     ("_model", "make"): "torch places the module on a device when it is made; JAX's arrays are placed on the mesh "
                         "later, with the rest of the train state",
+    ("_model", "load_pretrained"): "torch copies the weights into the module's parameters in place; JAX returns "
+                                   "new arrays for its parameter dict",
     ("_muon", "newton_schulz"): "torch takes a torch.dtype (torch.bfloat16 is torch's own iteration); JAX a dtype "
                                 "name, whose \"bfloat16\" emulates torch's rounding, and an eps that may be a "
                                 "traced hyper-parameter",
