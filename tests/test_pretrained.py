@@ -6,8 +6,9 @@ GPT-2 always has, for a bias-free model); a run with `init` pointing at it start
 model's loss: its first update's loss equals the loss of those weights on the same window, computed
 here with F.cross_entropy (control: without init the loss is the untrained ln 65). The same weights
 load from the checkpoint directory and from a torch .pt state_dict. A resume does not read the file
-again (it is deleted before resuming; the resumed run equals an uninterrupted one). Refusals name
-model.init and the problem.
+again (it is deleted before resuming; the resumed run equals an uninterrupted one). A GPT-2 that
+transformers itself initialises and saves (non-zero biases) starts a run at the loss transformers
+computes for it. Refusals name model.init and the problem.
 """
 
 from __future__ import annotations
@@ -132,3 +133,29 @@ def test_paths_without_weights_are_refused(tmp_path: Path) -> None:
         torch_train(cfg(init=str(tmp_path / "empty")), tmp_path / "a", progress="none")
     with pytest.raises(InputError, match=r"^model.init: .*nothing: no such file or directory$"):
         torch_train(cfg(init=str(tmp_path / "nothing")), tmp_path / "b", progress="none")
+
+
+def test_a_gpt2_that_transformers_wrote_starts_the_run_at_its_own_loss(tmp_path: Path) -> None:
+    # expected value from transformers itself: a tiny randomly initialised GPT2LMHeadModel (exact GELU,
+    # as the built-in gpt) saved with save_pretrained, its loss on update 0's window computed by it
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=65, n_positions=16, n_embd=16, n_layer=1, n_head=2, activation_function="gelu",
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(len(name)))  # non-zero biases
+    hf.save_pretrained(tmp_path / "gpt2")
+    pipe = DataPipeline(load_config(cfg()))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in pipe.window(0).batches:
+            logits = hf(torch.from_numpy(batch.x)).logits
+            total += float(F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch.y).flatten(), reduction="sum"))
+            count += batch.y.size
+    config = cfg(init=str(tmp_path / "gpt2"), bias=True)
+    config["run"]["max_updates"] = 1
+    torch_train(config, tmp_path / "run", progress="none")
+    got = updates(read_metrics(tmp_path / "run" / "metrics.jsonl"))[0]["loss"]
+    assert got == pytest.approx(total / count, rel=1e-5)
