@@ -79,7 +79,7 @@ def first_loss(trainer: Trainer, out: Path, **model: Any) -> float:  # noqa: F81
 def test_a_run_starts_from_the_exported_model(trainer: Trainer, trained: dict, tmp_path: Path) -> None:  # noqa: F811
     want = first_window_loss(trained["params"])
     got = first_loss(trainer, tmp_path / "hf", init=str(trained["root"] / "hf"))
-    assert got == pytest.approx(want, rel=1e-5)
+    assert got == pytest.approx(want, rel=1e-6)  # float32 forward passes: torch 0, JAX 6.5e-8 measured
     fresh = first_loss(trainer, tmp_path / "fresh")
     assert abs(fresh - math.log(65)) < 0.1 and abs(fresh - want) > 0.3  # control: the untrained model
 
@@ -158,4 +158,4 @@ def test_a_gpt2_that_transformers_wrote_starts_the_run_at_its_own_loss(tmp_path:
     config["run"]["max_updates"] = 1
     torch_train(config, tmp_path / "run", progress="none")
     got = updates(read_metrics(tmp_path / "run" / "metrics.jsonl"))[0]["loss"]
-    assert got == pytest.approx(total / count, rel=1e-5)
+    assert got == pytest.approx(total / count, rel=1e-6)  # float32, transformers' Conv1D vs nn.Linear

@@ -162,7 +162,8 @@ def test_evaluations_use_the_subset_and_say_so(tmp_path: Path, backend: str) -> 
     result = train(backend, config, tmp_path / "run")
     lines = evals(read_metrics(tmp_path / "run" / "metrics.jsonl"))
     assert [r["val_batches"] for r in lines] == [5, 5]
-    assert lines[-1]["val_loss"] == pytest.approx(subset_loss(config, result.params), rel=1e-5)
+    # float32 forward passes in another summation order: a few float32 eps (measured 4.5e-8)
+    assert lines[-1]["val_loss"] == pytest.approx(subset_loss(config, result.params), rel=1e-6)
     full = train(backend, load_config(tiny()), tmp_path / "full")
     whole = evals(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     assert "val_batches" not in whole[-1] and whole[-1]["val_loss"] != lines[-1]["val_loss"]  # control
@@ -194,8 +195,11 @@ def test_the_cpu_recipe_trains_on_both_trainers_alike(tmp_path: Path) -> None:
     assert all(len(set(r["lr"])) == 1 for r in t + j)  # both groups (decayed or not) at one lr
     want = [nanogpt_lr(i, 1e-3, 100, 2000, 1e-4) for i in range(110)]
     assert [r["lr"][0] for r in t] == pytest.approx(want, rel=1e-12)
-    assert [r["lr"][0] for r in j] == pytest.approx(want, rel=1e-6)  # JAX's schedule in float32
-    # float32 on both, same initial weights and batches (the warm-up and the cosine's start)
-    np.testing.assert_allclose([r["loss"] for r in j], [r["loss"] for r in t], rtol=1e-4)
+    # JAX's schedule in float32: a few roundings of float32 (eps 1.2e-7), measured 5.7e-8
+    assert [r["lr"][0] for r in j] == pytest.approx(want, rel=1e-6)
+    # float32 on both, same initial weights and batches: the runs drift apart by rounding over 110
+    # updates, bounded by 100 float32 eps (measured 2.8e-7)
+    np.testing.assert_allclose([r["loss"] for r in j], [r["loss"] for r in t], rtol=1e-5)
     assert t[-1]["loss"] < math.log(65) - 0.9  # from ln 65 = 4.17 at the start
-    assert evals(runs["jax"])[-1]["val_loss"] == pytest.approx(evals(runs["torch"])[-1]["val_loss"], rel=1e-4)
+    # the same drift, averaged over the evaluation's tokens: measured 3e-8
+    assert evals(runs["jax"])[-1]["val_loss"] == pytest.approx(evals(runs["torch"])[-1]["val_loss"], rel=1e-5)

@@ -217,6 +217,7 @@ def test_fused_kernel_holding_the_step_on_the_device_equals_seed_loop(on_skip: s
     want = seed_loop(params, batches, precision, "tokens", fused=True)
     assert want["skipped"] == [t in POISON for t in range(6)]
     got = run_torch(params, batches, precision, "tokens", fused=True)
+    # the float64 bound of the test above; measured 1.1e-16 absolute, 1.3e-14 relative (values up to 1.2)
     assert_trace_close(got, want, atol=1e-12, rtol=1e-10)
     for t in sorted(POISON):  # held: parameters and state as they were
         for k in got["params"][t]:
