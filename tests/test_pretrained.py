@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from support.trainers import FRAMEWORKS, Trainer, trainer  # noqa: F401  (the fixture)
+from support.lm import mean_token_loss
+from support.trainers import Trainer, trainer  # noqa: F401  (the fixture)
 
 from conformance.cli import main
 from conformance.config import load_config
 from conformance.data import DataPipeline
 from conformance.errors import InputError
 from conformance.run.metrics import read_metrics, updates
-from ref_torch.models import build_model
 from ref_torch.trainer import train as torch_train
 
 BASE = {"model": {"name": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "bias": False},
@@ -56,17 +56,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def first_window_loss(params: dict[str, np.ndarray]) -> float:
     """The mean token cross-entropy of `params` on update 0's window, computed here."""
     config = load_config(cfg())
-    pipe = DataPipeline(config)
-    model = build_model(config.model, pipe.info)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.from_numpy(params[name]))
-        total, count = 0.0, 0
-        for batch in pipe.window(0).batches:
-            logits = model(torch.from_numpy(batch.x))
-            total += float(F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch.y).flatten(), reduction="sum"))
-            count += batch.y.size
-    return total / count
+    return mean_token_loss(config, params, ((b.x, b.y) for b in DataPipeline(config).window(0).batches))
 
 
 def first_loss(trainer: Trainer, out: Path, **model: Any) -> float:  # noqa: F811

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from support.lm import mean_token_loss
 
 from conformance.config import load_config
 from conformance.data import DataPipeline, builtin_corpus
@@ -141,19 +140,9 @@ def test_the_subset_is_fixed_shared_by_ranks_and_drawn_from_the_seed() -> None:
 def subset_loss(config: Any, params: dict[str, np.ndarray]) -> float:
     """The mean token cross-entropy of the final weights over the subset's windows, computed here."""
     pipe = DataPipeline(config)
-    model = build_model(config.model, pipe.info)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.from_numpy(params[name]))
-        total, count = 0.0, 0
-        val, step = pipe.dataset.val, 8
-        for j in pipe.eval_subset():
-            rows = val.take(np.arange(j * step, min((j + 1) * step, len(val))))
-            logits = model(torch.from_numpy(rows["x"]))
-            total += float(F.cross_entropy(logits.flatten(0, 1).double(), torch.from_numpy(rows["y"]).flatten(),
-                                           reduction="sum"))
-            count += rows["y"].size
-    return total / count
+    val, step = pipe.dataset.val, 8
+    windows = (val.take(np.arange(j * step, min((j + 1) * step, len(val)))) for j in pipe.eval_subset())
+    return mean_token_loss(config, params, ((w["x"], w["y"]) for w in windows))
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
