@@ -267,14 +267,20 @@ def functional(model: Any) -> Callable[..., Any]:
     return apply
 
 
+def _loaded(spec: ModelSpec, params: dict[str, np.ndarray], dt: Any) -> nnx.Module:
+    # the model of `spec`, sized by the parameters' shapes, holding them
+    shapes = {k: tuple(v.shape) for k, v in params.items()}
+    model = _make(spec.model_copy(update=dims_from_params(spec, shapes)), None, dt)
+    _load(model, params, dt)
+    return model
+
+
 def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype: str = "float64") -> np.ndarray:
     """Evaluate the model on NumPy input with the given neutral parameters (eval mode): the output
     as float64 NumPy. The input is checked on the host first (same InputError on every backend)."""
     check_model_input(spec, params, x)
     dt = _check_dtype(dtype)
-    shapes = {k: tuple(v.shape) for k, v in params.items()}
-    model = _make(spec.model_copy(update=dims_from_params(spec, shapes)), None, dt)
-    _load(model, params, dt)
+    model = _loaded(spec, params, dt)
     inp = jnp.asarray(np.asarray(x, np.int64)) if spec.name == "gpt" else jnp.asarray(np.asarray(x, np.float64), dt)
     return np.asarray(jax.device_get(model(inp)), np.float64)
 
@@ -284,13 +290,9 @@ def last_logits(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str = "fl
     (1-D int array, 1 <= length <= block_size) returning the float64 logits after its last token.
     The window is padded to block_size, so one program serves every length (causal attention: the
     padding changes no earlier position)."""
-    dt = _check_dtype(dtype)
-    shapes = {k: tuple(v.shape) for k, v in params.items()}
-    spec = spec.model_copy(update=dims_from_params(spec, shapes))
-    model = _make(spec, None, dt)
-    _load(model, params, dt)
+    model = _loaded(spec, params, _check_dtype(dtype))
     apply, weights = functional(model), named_parameters(model)
-    block = spec.block_size
+    block = model.block_size
     step = jax.jit(lambda w, x, n: apply(w, x)[0, n - 1])
 
     def logits(window: np.ndarray) -> np.ndarray:

@@ -172,10 +172,8 @@ def functional(model: Any) -> Callable[..., Any]:
     return apply
 
 
-def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype: str = "float64") -> np.ndarray:
-    """Evaluate the model on NumPy input with the given neutral parameters (eval mode): the output
-    as float64 NumPy. The input is checked on the host first (same InputError on every backend)."""
-    check_model_input(spec, params, x)
+def _loaded(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str) -> nn.Module:
+    # the model of `spec`, sized by the parameters' shapes, holding them, in eval mode
     shapes = {k: tuple(v.shape) for k, v in params.items()}
     with torch.device("meta"):
         model = _make(spec.model_copy(update=dims_from_params(spec, shapes)), None)
@@ -183,7 +181,14 @@ def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype
     if isinstance(model, GPT):
         model._tie_weights()
     _load(model, params)
-    model.eval()
+    return model.eval()
+
+
+def forward(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, dtype: str = "float64") -> np.ndarray:
+    """Evaluate the model on NumPy input with the given neutral parameters (eval mode): the output
+    as float64 NumPy. The input is checked on the host first (same InputError on every backend)."""
+    check_model_input(spec, params, x)
+    model = _loaded(spec, params, dtype)
     inp = torch.from_numpy(np.asarray(x, np.int64 if spec.name == "gpt" else np.float64))
     if spec.name != "gpt":
         inp = inp.to(framework_dtype(dtype))
@@ -196,15 +201,8 @@ def last_logits(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str = "fl
     (1-D int array, 1 <= length <= block_size) returning the float64 logits after its last token.
     The window is padded to block_size, so one program serves every length (causal attention: the
     padding changes no earlier position)."""
-    shapes = {k: tuple(v.shape) for k, v in params.items()}
-    spec = spec.model_copy(update=dims_from_params(spec, shapes))
-    with torch.device("meta"):
-        model = _make(spec, None)
-    model = model.to_empty(device="cpu").to(framework_dtype(dtype))
-    model._tie_weights()
-    _load(model, params)
-    model.eval()
-    block = spec.block_size
+    model = _loaded(spec, params, dtype)
+    block = model.block_size
 
     def logits(window: np.ndarray) -> np.ndarray:
         n = len(window)
