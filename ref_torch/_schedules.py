@@ -271,12 +271,13 @@ def build_scheduler(
             group["lr"].fill_(lr)  # a tensor lr (capturable / fused optimizers) keeps its identity
         else:
             group["lr"] = lr
-    scheduler = _make(spec, optimizer, start_lrs(spec, base))
-    if spec.unit == "epoch":
-        scheduler = PerEpochLR(optimizer, scheduler, updates_per_epoch)
     with warnings.catch_warnings():
-        # replaying t updates without optimizer.step() is intended here
+        # replaying t updates without optimizer.step() is intended here, and so is the step a
+        # SequentialLR gives a chained first part when it is built (S-SEQ-CHAINED)
         warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        scheduler = _make(spec, optimizer, start_lrs(spec, base))
+        if spec.unit == "epoch":
+            scheduler = PerEpochLR(optimizer, scheduler, updates_per_epoch)
         for _ in range(start):
             scheduler.step()
     return scheduler
