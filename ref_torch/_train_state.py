@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -126,7 +125,7 @@ def load_tensors(tensors: dict[str, Any], saved: dict[str, np.ndarray]) -> None:
         for name, t in tensors.items():
             arr = np.array(saved[name], order="C")  # a copy; ascontiguousarray would make a scalar 1-d
             src = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) \
-                if arr.dtype == ml_dtypes.bfloat16 else torch.from_numpy(arr)
+                if arr.dtype.name == "bfloat16" else torch.from_numpy(arr)
             t.copy_(_fsdp.like(src.to(t.device), t))
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -48,7 +47,7 @@ def load_model_state(model: Any, tensors: dict[str, np.ndarray]) -> None:
     with torch.no_grad():
         for name, p in params.items():
             arr = np.ascontiguousarray(tensors[name])
-            if arr.dtype == ml_dtypes.bfloat16:
+            if arr.dtype.name == "bfloat16":
                 src = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
             else:
                 src = torch.from_numpy(arr.copy())

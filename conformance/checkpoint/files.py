@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
@@ -34,14 +33,26 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 MAX_JSON_BYTES = 64 << 20  # a state.json this big is not ours
 
-# safetensors dtype -> NumPy; anything else in a header is refused (safetensors.numpy lacks BF16).
-DTYPES: dict[str, Any] = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+# safetensors dtype -> NumPy dtype name; anything else in a header is refused (safetensors.numpy
+# lacks BF16).
+_NAMES: dict[str, str] = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
 }
-_NUMPY_NAMES = {np.dtype(v).name for v in DTYPES.values()}
-DTYPE_NAMES = frozenset(_NUMPY_NAMES)  # the NumPy dtype names a checkpoint may hold
+DTYPE_NAMES = frozenset(_NAMES.values())  # the NumPy dtype names a checkpoint may hold
+CODES = {name: code for code, name in _NAMES.items()}  # NumPy dtype name -> safetensors dtype
+
+
+def numpy_dtype(code: str) -> np.dtype | None:
+    """The NumPy dtype of a safetensors dtype code, None for one a checkpoint cannot hold.
+    bfloat16 is ml_dtypes', imported when a file holds one (the import costs a process ~0.7 s)."""
+    name = _NAMES.get(code)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return None if name is None else np.dtype(name)
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
@@ -123,16 +134,13 @@ def encode_tensors(tensors: dict[str, np.ndarray], what: str) -> bytes:
     clean: dict[str, np.ndarray] = {}
     for key, value in tensors.items():
         arr = np.asarray(value)
-        if arr.dtype.name not in _NUMPY_NAMES:
+        if arr.dtype.name not in DTYPE_NAMES:
             raise CheckpointError(f"{what}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot hold")
         clean[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes 0-d arrays 1-d
     try:
         return safetensors.numpy.save(clean)
     except Exception as exc:  # the Rust serializer raises its own types
         raise CheckpointError(f"{what}: cannot serialize tensors ({exc})") from None
-
-
-_CODES = {np.dtype(v).name: k for k, v in DTYPES.items()}
 
 
 def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray], what: str | None = None) -> dict[str, Any]:
@@ -145,12 +153,12 @@ def write_tensors(directory: Path, name: str, tensors: dict[str, np.ndarray], wh
     offset = 0
     for key in sorted(tensors):
         arr = np.asarray(tensors[key])
-        if arr.dtype.name not in _CODES:
+        if arr.dtype.name not in CODES:
             raise CheckpointError(f"{what or name}: tensor {key!r} has dtype {arr.dtype}, which a checkpoint cannot "
                                   f"hold")
         arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).reshape(arr.shape)
         arrays[key] = arr
-        header[key] = {"dtype": _CODES[arr.dtype.name], "shape": list(arr.shape),
+        header[key] = {"dtype": CODES[arr.dtype.name], "shape": list(arr.shape),
                        "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -167,7 +175,7 @@ def decode_tensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
         raise CheckpointCorruptError(f"{path} is not a valid safetensors file ({exc})") from None
     out: dict[str, np.ndarray] = {}
     for key, view in views:
-        dtype = DTYPES.get(view["dtype"])
+        dtype = numpy_dtype(view["dtype"])
         if dtype is None:
             raise CheckpointCorruptError(f"{path}: tensor {key!r} has unsupported dtype {view['dtype']}")
         try:

@@ -117,8 +117,7 @@ class ShardedTensor:
         self.shards, self.key = shards, key
         entry = shards.table[key]
         self.shape = tuple(int(n) for n in entry["shape"])
-        self.dtype = np.dtype(io.DTYPES[next(k for k, v in io.DTYPES.items()
-                                             if np.dtype(v).name == entry["dtype"])])
+        self.dtype = io.numpy_dtype(io.CODES[entry["dtype"]])
         self.pieces = [(p["file"], tuple(p["start"]), tuple(p["stop"])) for p in entry["pieces"]]
 
     @property
