@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +64,11 @@ def test_default_config_every_line_has_the_contract_keys(tmp_path: Path, capsys:
     out = tmp_path / "default"
     assert main(["train", "--out", str(out), "--progress", "lines"]) == 0
     err = capsys.readouterr().err
-    assert "update 320/320" in err and "eval after update 320/320" in err and "trained 320 updates" in err
+    assert "update 320/320" in err and "eval at update 319 (320/320 done)" in err and "trained 320 updates" in err
     records = read_metrics(out / "metrics.jsonl")
     ups, evs = updates(records), evals(records)
+    # every evaluation is named on the console by the number metrics.jsonl gives it
+    assert [int(u) for u in re.findall(r"^eval at update (\d+) ", err, re.MULTILINE)] == [r["update"] for r in evs]
     assert [r["update"] for r in ups] == list(range(320))
     for r in ups:
         assert set(UPDATE_KEYS) <= set(r), sorted(set(UPDATE_KEYS) - set(r))

@@ -240,8 +240,10 @@ class MetricsLog:
         if self._mode in ("lines", "bar"):
             parts = " ".join(f"{k} {v:.6g}" for k, v in rec.items()
                              if k not in ("event", "update") and isinstance(v, (int, float)))
-            # counted as the progress lines count (updates done); metrics.jsonl keeps the index
-            line = f"eval after update {int(rec['update']) + 1}/{self.total}: {parts}\n"
+            # the update as metrics.jsonl and the loggers number it (the 0-based index of the update it
+            # follows), then the count done as the progress lines give it
+            u = int(rec["update"])
+            line = f"eval at update {u} ({u + 1}/{self.total} done): {parts}\n"
             if self._bar is not None:
                 self._bar.write(line.rstrip(), file=self.stream)
             else:
