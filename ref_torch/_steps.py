@@ -27,7 +27,7 @@ from conformance.run.loop import Update
 from conformance.run.pretrained import initial_weights
 from conformance.run.records import EvalTotals
 from conformance.run.session import Run
-from ref_torch import _fsdp, _model, _train_state
+from ref_torch import _fsdp, _model, _sync_bn, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
 from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_neutral
@@ -50,6 +50,8 @@ class Steps:
         model = _model.make(config, run.data.info, device, model)
         if run.checkpoint is None and config.model.init is not None:  # a resume has its own weights
             _model.load_pretrained(model, initial_weights(config, run.data.info))
+        if run.world_size > 1 and config.run.sync_batchnorm:
+            model = _sync_bn.convert(model, device)  # before DDP / FSDP take the module
         if run.world_size > 1 and config.run.parallel == "fsdp":
             _fsdp.check(config)
         # FSDP shards `model` in place

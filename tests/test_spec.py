@@ -57,7 +57,7 @@ LEAVES = _leaves(BASE)
 LEGAL: list[tuple[tuple[str, ...], list[Any], str]] = [
     (("model.bias", "data.shuffle", "data.drop_last", "optimizer.maximize", "optimizer.amsgrad", "optimizer.eps_hat",
       "clip.error_if_nonfinite", "precision.allow_tf32", "checkpoint.at_end", "checkpoint.keep_best",
-      "checkpoint.allow_fallback", "run.tensorboard", "run.compile", "run.deterministic"), [True],
+      "checkpoint.allow_fallback", "run.tensorboard", "run.compile", "run.deterministic", "run.sync_batchnorm"), [True],
      "a boolean (strict types still refuse 0 and 1.5; loss.log_target and clip.per_parameter refuse true "
      "too: they need name = kl_div and max_norm)"),
     (("model.dropout", "loss.label_smoothing"), [0], "in range: no dropout, no smoothing"),

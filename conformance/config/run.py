@@ -21,7 +21,10 @@ class RunSpec(Section):
     use_deterministic_algorithms, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG), which exact resume
     needs on CUDA; the CPU kernels are deterministic without it. `parallel`: how several processes
     (torchrun) share the work: "ddp" replicates the model, "fsdp" shards parameters, gradients and
-    optimizer state (torch FSDP2); one process ignores it.
+    optimizer state (torch FSDP2); one process ignores it. `sync_batchnorm`: BatchNorm layers
+    normalize a training micro-batch by its statistics over every process (torch SyncBatchNorm;
+    the JAX trainer always does, its micro-batch being one global array), so several processes
+    train as one; without it each torch process uses its own part's statistics (DDP's default).
 
     `inject_nonfinite` is a testing aid: every micro-batch loss of each listed update is multiplied
     by +inf before the backward pass on every backend (conformance.run.batches.injected), so a run
@@ -43,6 +46,7 @@ class RunSpec(Section):
     compile: bool = False
     deterministic: bool = False
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    sync_batchnorm: bool = False
     inject_nonfinite: list[NonNegInt] = Field(default_factory=list)
 
     @model_validator(mode="after")

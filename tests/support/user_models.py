@@ -2,12 +2,15 @@
 written in torch and in Flax NNX, synthetic arrays, and a script entry that trains them through
 `train(config, out, model=..., data=...)` (for the kill tests and torchrun):
 
-    python tests/support/user_models.py torch OUT [--resume] [--kind bn|plain] [--loss-fn]
+    python tests/support/user_models.py torch OUT [--resume] [--kind bn|plain|bn-plain] [--loss-fn]
                                         [--set section.key=VALUE ...] [--fault NAME key=value ...]
 
 Kinds: "bn" is Linear → BatchNorm → ReLU → Dropout → Linear (buffers / NNX BatchStat and RNG state
 to checkpoint; torch draws dropout from its global generator, NNX from the module's nnx.Rngs);
-"plain" is Linear → tanh → Linear (no state: what data-parallel equality needs). `--fault` exits the
+"plain" is Linear → tanh → Linear (no state: what data-parallel equality needs); "bn-plain" is
+"bn" without its Dropout (the statistics are the only thing that differs across processes) and
+without the first Linear's bias (before BatchNorm its gradient is 0 in exact arithmetic, so AdamW
+would step it by rounding noise over eps, which no two summation orders share). `--fault` exits the
 process with status 137 at that run event (tests/support/faults.py).
 """
 
@@ -51,6 +54,12 @@ def torch_model(kind: str = "bn", seed: int = 0) -> Any:
         def forward(self, x: Any) -> Any:
             return self.fc2(self.drop(torch.relu(self.bn(self.fc1(x)))))
 
+    if kind == "bn-plain":
+        net = Net()
+        net.drop = nn.Identity()
+        net.fc1 = nn.Linear(FEATURES, HIDDEN, bias=False)
+        return net
+
     return Net()
 
 
@@ -72,13 +81,14 @@ def nnx_model(kind: str = "bn", seed: int = 0) -> Any:
 
     class Net(nnx.Module):
         def __init__(self) -> None:
-            self.fc1 = nnx.Linear(FEATURES, HIDDEN, rngs=rngs)
+            self.fc1 = nnx.Linear(FEATURES, HIDDEN, use_bias=kind != "bn-plain", rngs=rngs)
             self.bn = nnx.BatchNorm(HIDDEN, rngs=rngs)
             self.drop = nnx.Dropout(0.1, rngs=rngs)
             self.fc2 = nnx.Linear(HIDDEN, CLASSES, rngs=rngs)
 
         def __call__(self, x: Any) -> Any:
-            return self.fc2(self.drop(jax.nn.relu(self.bn(self.fc1(x)))))
+            h = jax.nn.relu(self.bn(self.fc1(x)))
+            return self.fc2(h if kind == "bn-plain" else self.drop(h))
 
     return Net()
 
