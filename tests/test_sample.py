@@ -6,6 +6,10 @@
   seed, and another temperature, give other text), the requested number of characters;
 - greedy decoding equals transformers' GPT2LMHeadModel.generate on the run exported with
   `twinstep export --to hf`;
+- token-shard runs: the tokenizer.json `data tokenize` left beside the shards encodes the prompt
+  and decodes the text (greedy = transformers' generate, decoded by the tokenizers package;
+  control: without it the run is refused in one line saying why, and --tokenizer PATH works); a
+  byte run continues a prompt with a two-byte character;
 - refusals are one line (a prompt character outside the vocabulary, a run that is not a gpt).
 """
 
@@ -115,3 +119,64 @@ def test_refusals_are_one_line(run_dir: Path, tmp_path: Path, capsys: pytest.Cap
            "run": {"max_updates": 1, "eval_every": 0}}, blobs, progress="none")
     rc, _, err = sample(capsys, str(blobs))
     assert rc == 2 and "sample needs the built-in gpt" in err and err.count("\n") == 1
+
+
+# --- token-shard runs: the tokenizer beside the shards, or --tokenizer ----------------------------------
+
+WORDS = ["[UNK]", "the", "king", "queen", "rode", "to", "york", "and", "back", "."]
+
+
+def token_run(tmp: Path, tokenizer: str) -> Path:
+    """A float64 gpt trained on shards `twinstep data tokenize` wrote with `tokenizer` (a path or
+    "bytes"), which leaves its tokenizer.json beside them."""
+    from conformance.data.tokenize import tokenize
+
+    (tmp / "a.txt").write_text("the king rode to york and back . the queen rode to york .\n" * 60)
+    shards = tokenize([str(tmp / "a.txt")], tmp / "shards", tokenizer, progress=False)
+    config = {**CONFIG, "model": {**CONFIG["model"], "block_size": 16, "vocab_size": shards.vocab_size},
+              "data": {"name": "tokens", "path": f"{tmp}/shards/train_*.bin", "batch_size": 8},
+              "run": {**CONFIG["run"], "max_updates": 20}}
+    train(config, tmp / "run", progress="none")
+    return tmp / "run"
+
+
+def greedy_ids(run: Path, tmp: Path, prompt_ids: list[int], n: int) -> list[int]:
+    """transformers' greedy generate on the run exported to Hugging Face: the reference."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    assert main(["export", str(run), "--to", "hf", "-o", str(tmp / "hf")]) == 0
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp / "hf", dtype=torch.float64).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return [int(i) for i in out[0, len(prompt_ids):]]
+
+
+def test_a_tokenizer_json_beside_the_shards_encodes_and_decodes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, "[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    run = token_run(tmp_path, str(tmp_path / "tokenizer.json"))
+    prompt = "the queen rode"
+    want = greedy_ids(run, tmp_path, tok.encode(prompt).ids, 8)
+    capsys.readouterr()
+    rc, out, err = sample(capsys, str(run), "--prompt", prompt, "--tokens", "8", "--temperature", "0")
+    assert rc == 0 and out == prompt + tok.decode(want) + "\n", err
+    (tmp_path / "shards" / "tokenizer.json").unlink()  # control: nothing beside the shards names the vocabulary
+    rc, out, err = sample(capsys, str(run), "--prompt", prompt, "--tokens", "8", "--temperature", "0")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "the run's vocabulary is unknown: no tokenizer.json beside the run's token shards" in err
+    assert "--tokenizer bytes or --tokenizer PATH/tokenizer.json" in err  # what to do instead
+    rc, again, _ = sample(capsys, str(run), "--prompt", prompt, "--tokens", "8", "--temperature", "0",
+                          "--tokenizer", str(tmp_path / "tokenizer.json"))
+    assert rc == 0 and again == out + prompt + tok.decode(want) + "\n"
+
+
+def test_a_byte_run_continues_a_multibyte_prompt(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = token_run(tmp_path, "bytes")
+    prompt = "the qué"  # é is two bytes, two tokens; 8 + 6 within the model's 16 positions
+    want = greedy_ids(run, tmp_path, list(prompt.encode()), 6)
+    capsys.readouterr()
+    rc, out, err = sample(capsys, str(run), "--prompt", prompt, "--tokens", "6", "--temperature", "0")
+    assert rc == 0 and out == prompt + bytes(want).decode("utf-8", errors="replace") + "\n", err

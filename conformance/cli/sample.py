@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+import warnings
 from typing import Any
 
 
@@ -38,7 +39,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from conformance.errors import UnsupportedError
+    from conformance.errors import TwinstepWarning, UnsupportedError
     from conformance.export.source import read_source
     from conformance.export.vocab import run_vocabulary
     from conformance.generate import Codec, check_options, generate
@@ -49,10 +50,16 @@ def run(args: argparse.Namespace) -> int:
     if spec.name != "gpt":
         raise UnsupportedError(f"{source.path}: sample needs the built-in gpt; this run trained model.name = "
                                f"{spec.name!r}")
-    vocab = run_vocabulary(source.config, source.meta, args.tokenizer, spec.vocab_size)
+    with warnings.catch_warnings(record=True) as caught:  # export warns and goes on; sample cannot
+        warnings.simplefilter("always", TwinstepWarning)
+        vocab = run_vocabulary(source.config, source.meta, args.tokenizer, spec.vocab_size)
+    why = "; ".join(str(w.message).removeprefix("the vocabulary is not recorded: ") for w in caught
+                    if issubclass(w.category, TwinstepWarning))
     if vocab is None:
-        raise UnsupportedError(f"{source.path}: the run's vocabulary is unknown (no tokenizer beside its token "
-                               f"shards); name it with --tokenizer bytes|PATH")
+        why = why or "no tokenizer beside its token shards; name it with --tokenizer bytes|PATH"
+        raise UnsupportedError(f"{source.path}: the run's vocabulary is unknown: {why}")
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=1)
     codec = Codec(vocab)
     prompt = codec.encode(args.prompt)
     dtype = args.dtype or source.config.precision.param_dtype
