@@ -28,6 +28,8 @@ ARGS = {
                                       adam_beta1=0.85, adam_beta2=0.99, adam_epsilon=1e-6, max_grad_norm=0.5),
     "adamw-linear-warmup-ratio": dict(learning_rate=0.02, weight_decay=0.05, warmup_steps=0.25, max_grad_norm=0.0),
     "sgd-constant": dict(optim="sgd", learning_rate=0.1, lr_scheduler_type="constant", max_grad_norm=1.0),
+    "adamw-constant-warmup": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="constant_with_warmup",
+                                  warmup_steps=3),
     "rmsprop-inverse-sqrt": dict(optim="rmsprop", learning_rate=0.001, weight_decay=0.01, warmup_steps=4,
                                  lr_scheduler_type="inverse_sqrt"),
     "adagrad-min-lr": dict(optim="adagrad", learning_rate=0.05, lr_scheduler_type="cosine_with_min_lr",

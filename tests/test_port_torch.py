@@ -52,7 +52,8 @@ def test_every_optimizer_class_with_groups_equals_its_native_trajectory(kind: st
 
 @pytest.mark.parametrize("kind, schedule", [("sgd-nesterov", s) for s in sorted(set(SCHEDULERS) - {"none"})]
                          + [("adam", "onecycle"), ("adam", "onecycle-3-linear"),  # OneCycle cycles beta1
-                            ("adam", "cyclic-momentum")])
+                            ("adam", "cyclic-momentum"),
+                            ("adam", "hf-constant-warmup")])  # two group lrs, each warmed up to its own
 def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule: str) -> None:
     with float64_default():
         spec, position, values, windows, want = native_run(kind, schedule, updates=12)
@@ -60,7 +61,7 @@ def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule:
 
 
 @pytest.mark.parametrize("schedule", ["step", "onecycle", "warmup-cosine", "restarts", "chained", "cyclic-momentum",
-                                      "hf-cosine-warmup", "hf-linear-warmup"])
+                                      "hf-cosine-warmup", "hf-linear-warmup", "hf-constant-warmup"])
 def test_a_stepped_scheduler_continues_from_its_position(schedule: str) -> None:
     with float64_default():
         spec, position, values, windows, want = native_run("sgd-nesterov", schedule, updates=6, pre_steps=5)
@@ -163,7 +164,6 @@ def _opt() -> tuple[dict, torch.optim.Optimizer]:
     (lambda o: sched.MultiplicativeLR(o, lambda s: 0.9), "MultiplicativeLR cannot be translated"),
     (lambda o: hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", o, 2, 10, num_cycles=2),
      r"LambdaLR\(transformers.optimization._get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda\) cannot"),
-    (lambda o: hf_schedule("get_constant_schedule_with_warmup", o, 3), "a warm-up then a constant lr for ever"),
     (lambda o: hf_schedule("get_wsd_schedule", o, 2, 3, num_stable_steps=1, warmup_type="cosine"),
      "warmup_type = 'cosine'; twinstep's warm-ups are linear"),
     (lambda o: hf_schedule("get_wsd_schedule", o, 2, 3, num_stable_steps=1, num_cycles=1.0),

@@ -96,6 +96,7 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     "plateau": lambda o: sched.ReduceLROnPlateau(o, mode="max", patience=2, min_lr=1e-4),
     # transformers' LambdaLRs (conformance/port/read/hf_sched.py)
     "hf-constant": lambda o: hf_schedule("get_constant_schedule", o),
+    "hf-constant-warmup": lambda o: hf_schedule("get_constant_schedule_with_warmup", o, 3),
     "hf-linear-warmup": lambda o: hf_schedule("get_linear_schedule_with_warmup", o, 3, 9),
     "hf-cosine-warmup": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 3, 9),  # climbs back after 9
     "hf-cosine-one-cycle": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 2, 10, num_cycles=1.0),

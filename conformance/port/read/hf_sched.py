@@ -5,6 +5,8 @@ is a `functools.partial` of a named function of transformers.optimization with i
 its mathematics can be read from the name and the keywords (transformers 5.x):
 
     _get_constant_lambda                              constant
+    _get_constant_schedule_with_warmup_lr_lambda      sequential: wsd's warm-up from 0 for W updates,
+                                                      then constant (factor 1)
     _get_linear_schedule_with_warmup_lr_lambda        wsd: warm-up from 0, no stable part, linear
                                                       decay to 0 at num_training_steps (0 after)
     _get_cosine_schedule_with_warmup_lr_lambda        warmup_cosine, convention "torch" (the cosine
@@ -16,7 +18,7 @@ its mathematics can be read from the name and the keywords (transformers 5.x):
                                                       linear | cosine | 1-sqrt to min_lr_ratio)
 
 Every other warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions
-(hard restarts, polynomial with lr_init, constant after a warm-up) are refused naming the function.
+(hard restarts, polynomial with lr_init) are refused naming the function.
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, A
     if name == "_get_constant_schedule_with_warmup_lr_lambda":
         if warmup == 0:
             return {"name": "constant"}
-        raise UnsupportedError(f"{where}: a warm-up then a constant lr for ever is no spec schedule yet (its "
-                               f"warm-up starts at 0, which torch's LinearLR cannot); use wsd with the decay at "
-                               f"the end of the run")
+        # HF's warm-up t / W from 0, which LinearLR cannot start from: wsd's warm-up for the first W
+        # updates (its decay never comes), then the base lr for ever; relative, so any group lrs
+        return {"name": "sequential", "milestones": [warmup], "schedulers": [
+            {"name": "wsd", "warmup_steps": warmup, "start_factor": 0.0, "total_steps": warmup + 1, "decay_steps": 1},
+            {"name": "constant", "factor": 1.0}]}
     if name == "_get_linear_schedule_with_warmup_lr_lambda":
         total = int(kw["num_training_steps"])
         if total <= warmup:
