@@ -30,6 +30,8 @@ ARGS = {
     "sgd-constant": dict(optim="sgd", learning_rate=0.1, lr_scheduler_type="constant", max_grad_norm=1.0),
     "adamw-constant-warmup": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="constant_with_warmup",
                                   warmup_steps=3),
+    "adamw-polynomial": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="polynomial", warmup_steps=2,
+                             lr_scheduler_kwargs={"lr_end": 1e-3, "power": 2.0}),
     "rmsprop-inverse-sqrt": dict(optim="rmsprop", learning_rate=0.001, weight_decay=0.01, warmup_steps=4,
                                  lr_scheduler_type="inverse_sqrt"),
     "adagrad-min-lr": dict(optim="adagrad", learning_rate=0.05, lr_scheduler_type="cosine_with_min_lr",
@@ -92,8 +94,8 @@ def test_the_json_file_and_the_no_decay_rule(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, error, words", [
     ({"learning_rate": 0.1, "optim": "adafactor", "max_steps": 5}, UnsupportedError, "optim = 'adafactor': twinstep reads"),
-    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "polynomial"}, UnsupportedError,
-     "lr_scheduler_type = 'polynomial' cannot be translated"),
+    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "cosine_with_restarts"}, UnsupportedError,
+     "lr_scheduler_type = 'cosine_with_restarts' cannot be translated"),
     ({"learning_rate": 0.1, "max_steps": -1}, ConfigError, "max_steps = -1: .*pass num_training_steps"),
     ({"learning_rate": 0.1, "max_steps": 5, "weight_decay": 0.1}, ConfigError, "weight_decay > 0: .*pass model="),
     ({"learning_rate": 0.1, "max_steps": 5, "optim_args": "momentum=0.9"}, UnsupportedError, "optim_args"),

@@ -53,7 +53,7 @@ def test_every_optimizer_class_with_groups_equals_its_native_trajectory(kind: st
 @pytest.mark.parametrize("kind, schedule", [("sgd-nesterov", s) for s in sorted(set(SCHEDULERS) - {"none"})]
                          + [("adam", "onecycle"), ("adam", "onecycle-3-linear"),  # OneCycle cycles beta1
                             ("adam", "cyclic-momentum"),
-                            ("adam", "hf-constant-warmup")])  # two group lrs, each warmed up to its own
+                            ("adam", "hf-constant-warmup"), ("adam", "hf-polynomial")])  # two group lrs
 def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule: str) -> None:
     with float64_default():
         spec, position, values, windows, want = native_run(kind, schedule, updates=12)
@@ -61,7 +61,7 @@ def test_every_scheduler_class_equals_its_native_trajectory(kind: str, schedule:
 
 
 @pytest.mark.parametrize("schedule", ["step", "onecycle", "warmup-cosine", "restarts", "chained", "cyclic-momentum",
-                                      "hf-cosine-warmup", "hf-linear-warmup", "hf-constant-warmup"])
+                                      "hf-cosine-warmup", "hf-linear-warmup", "hf-constant-warmup", "hf-polynomial"])
 def test_a_stepped_scheduler_continues_from_its_position(schedule: str) -> None:
     with float64_default():
         spec, position, values, windows, want = native_run("sgd-nesterov", schedule, updates=6, pre_steps=5)

@@ -97,6 +97,8 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     # transformers' LambdaLRs (conformance/port/read/hf_sched.py)
     "hf-constant": lambda o: hf_schedule("get_constant_schedule", o),
     "hf-constant-warmup": lambda o: hf_schedule("get_constant_schedule_with_warmup", o, 3),
+    "hf-polynomial": lambda o: hf_schedule("get_polynomial_decay_schedule_with_warmup", o, 3, 9, lr_end=1e-3, power=2.0),
+    "hf-polynomial-no-warmup": lambda o: hf_schedule("get_polynomial_decay_schedule_with_warmup", o, 0, 8, power=0.5),
     "hf-linear-warmup": lambda o: hf_schedule("get_linear_schedule_with_warmup", o, 3, 9),
     "hf-cosine-warmup": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 3, 9),  # climbs back after 9
     "hf-cosine-one-cycle": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 2, 10, num_cycles=1.0),

@@ -112,6 +112,10 @@ def _schedule(a: dict[str, Any], steps: int, warmup: int, lr: float) -> dict[str
         return read_lambda("_get_constant_lambda", {}, [lr])
     if kind == "constant_with_warmup":
         return read_lambda("_get_constant_schedule_with_warmup_lr_lambda", {"num_warmup_steps": warmup}, [lr])
+    if kind == "polynomial":  # transformers' defaults: lr_end 1e-7, power 1
+        return read_lambda("_get_polynomial_decay_schedule_with_warmup_lr_lambda",
+                           {**both, "lr_end": kw.get("lr_end", 1e-7), "power": kw.get("power", 1.0), "lr_init": lr},
+                           [lr])
     if kind == "inverse_sqrt":
         return read_lambda("_get_inverse_sqrt_schedule_lr_lambda",
                            {"num_warmup_steps": warmup, "timescale": kw.get("timescale") or (warmup or 10_000)}, [lr])
@@ -125,7 +129,8 @@ def _schedule(a: dict[str, Any], steps: int, warmup: int, lr: float) -> dict[str
             "warmup_type": kw.get("warmup_type", "linear"), "decay_type": kw.get("decay_type", "cosine"),
             "min_lr_ratio": kw.get("min_lr_ratio", 0.0), "num_cycles": kw.get("num_cycles", 0.5)}, [lr])
     raise UnsupportedError(f"lr_scheduler_type = {kind!r} cannot be translated: twinstep reads linear, cosine, "
-                           f"cosine_with_min_lr, constant, inverse_sqrt and warmup_stable_decay")
+                           f"cosine_with_min_lr, constant, constant_with_warmup, polynomial, inverse_sqrt and "
+                           f"warmup_stable_decay")
 
 
 def from_hf(args: Any, *, num_training_steps: int | None = None, model: Any = None,

@@ -7,6 +7,8 @@ its mathematics can be read from the name and the keywords (transformers 5.x):
     _get_constant_lambda                              constant
     _get_constant_schedule_with_warmup_lr_lambda      sequential: wsd's warm-up from 0 for W updates,
                                                       then constant (factor 1)
+    _get_polynomial_decay_schedule_with_warmup_lr_lambda  the same warm-up, then polynomial (power,
+                                                      end_factor = lr_end / lr_init) to the end
     _get_linear_schedule_with_warmup_lr_lambda        wsd: warm-up from 0, no stable part, linear
                                                       decay to 0 at num_training_steps (0 after)
     _get_cosine_schedule_with_warmup_lr_lambda        warmup_cosine, convention "torch" (the cosine
@@ -18,7 +20,7 @@ its mathematics can be read from the name and the keywords (transformers 5.x):
                                                       linear | cosine | 1-sqrt to min_lr_ratio)
 
 Every other warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions
-(hard restarts, polynomial with lr_init) are refused naming the function.
+(hard restarts) are refused naming the function.
 """
 
 from __future__ import annotations
@@ -55,11 +57,15 @@ def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, A
     if name == "_get_constant_schedule_with_warmup_lr_lambda":
         if warmup == 0:
             return {"name": "constant"}
-        # HF's warm-up t / W from 0, which LinearLR cannot start from: wsd's warm-up for the first W
-        # updates (its decay never comes), then the base lr for ever; relative, so any group lrs
-        return {"name": "sequential", "milestones": [warmup], "schedulers": [
-            {"name": "wsd", "warmup_steps": warmup, "start_factor": 0.0, "total_steps": warmup + 1, "decay_steps": 1},
-            {"name": "constant", "factor": 1.0}]}
+        return _after_warmup(warmup, {"name": "constant", "factor": 1.0})
+    if name == "_get_polynomial_decay_schedule_with_warmup_lr_lambda":
+        total, end, init = int(kw["num_training_steps"]), float(kw["lr_end"]), float(kw["lr_init"])
+        if total <= warmup:
+            raise UnsupportedError(f"{where}: num_training_steps = {total} <= num_warmup_steps = {warmup} leaves no "
+                                   f"decay (transformers divides by zero there)")
+        # (lr_init − lr_end)·(1 − u/n)^power + lr_end over lr_init: one end factor for every group
+        return _after_warmup(warmup, {"name": "polynomial", "total_iters": total - warmup, "power": float(kw["power"]),
+                                      "end_factor": end / init})
     if name == "_get_linear_schedule_with_warmup_lr_lambda":
         total = int(kw["num_training_steps"])
         if total <= warmup:
@@ -82,7 +88,18 @@ def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, A
         return {"name": "inverse_sqrt", "warmup_steps": warmup, "start_factor": 0.0,
                 "timescale": _whole(float(kw["timescale"]), f"{where}: timescale")}
     raise UnsupportedError(f"{where} cannot be translated: twinstep reads transformers' constant, linear, cosine, "
-                           f"inverse_sqrt and wsd schedules; write the [schedule] section by hand")
+                           f"polynomial, inverse_sqrt and wsd schedules; write the [schedule] section by hand")
+
+
+def _after_warmup(warmup: int, then: dict[str, Any]) -> dict[str, Any]:
+    """HF's warm-up t / W from 0 (which torch's LinearLR cannot start from) for the first W updates,
+    then `then` from its own step 0: a sequential whose first part is wsd's warm-up (its decay never
+    comes); relative to each group's lr, as HF's LambdaLR is."""
+    if warmup == 0:
+        return then
+    return {"name": "sequential", "milestones": [warmup], "schedulers": [
+        {"name": "wsd", "warmup_steps": warmup, "start_factor": 0.0, "total_steps": warmup + 1, "decay_steps": 1},
+        then]}
 
 
 def _wsd(kw: dict[str, Any], base: list[float], where: str) -> dict[str, Any]:
