@@ -338,11 +338,29 @@ def test_a_trainable_parameter_outside_the_optimizer_is_refused() -> None:
 def test_several_groups_need_parameter_names() -> None:
     named = parameters(initial())
     opt = optimizer("adamw", named)
-    with pytest.raises(ConfigError, match="has 2 param groups: pass named_parameters"):
+    with pytest.raises(ConfigError, match="has 2 param groups with different settings: pass named_parameters"):
         from_torch(opt)
     built_with_names = torch.optim.AdamW([{"params": [named["enc.bias"]], "param_names": ["enc.bias"], "lr": 0.1},
                                           {"params": [named["enc.weight"]], "param_names": ["enc.weight"]}])
     assert from_torch(built_with_names)["optimizer"]["groups"][0]["params"] == ["enc.bias"]
+
+
+def test_groups_that_differ_only_in_their_parameters_need_no_names() -> None:
+    """Two groups with the same settings (as a loop that groups parameters for another reason writes
+    them) update every parameter as one group: read without names, and the one-group spec follows
+    the native optimizer and scheduler update by update on every backend."""
+    values = initial()
+    with float64_default():
+        named = parameters(values)
+        bias = [p for n, p in named.items() if n.endswith("bias")]
+        weights = [p for n, p in named.items() if not n.endswith("bias")]
+        opt = torch.optim.AdamW([{"params": bias}, {"params": weights}], lr=0.01, weight_decay=0.1)
+        scheduler = SCHEDULERS["warmup-cosine"](opt)
+        spec = from_torch(opt, scheduler)
+        assert "groups" not in spec["optimizer"] and spec["optimizer"]["weight_decay"] == 0.1
+        windows = gradient_stream({k: v.shape for k, v in values.items()}, 10, seed=3)
+        want = run_native_torch(opt, scheduler, named, windows)
+    assert_same(dict(spec), spec.position, values, windows, want)
 
 
 def test_an_lr_changed_behind_the_schedulers_back_is_refused() -> None:

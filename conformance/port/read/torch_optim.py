@@ -210,11 +210,16 @@ def optimizer_section(optimizer: Any, named_parameters: Any = None,
         for values, init in zip(groups, adagrad_initial_values(optimizer)):
             values["initial_accumulator_value"] = init
     section: dict[str, Any] = {"name": name, **groups[-1]}
+    names = parameter_names(optimizer, pairs) if len(groups) > 1 else None
+    if len(groups) > 1 and not names and all(values == groups[-1] for values in groups):
+        # groups that differ in nothing but their parameters update each parameter as one group does
+        _outsiders(pairs, optimizer)
+        return section
     if len(groups) > 1:
-        names = parameter_names(optimizer, pairs)
         if not names:
-            raise ConfigError(f"the optimizer has {len(groups)} param groups: pass named_parameters (e.g. "
-                              f"model.named_parameters()) so that each group can be written as name patterns")
+            raise ConfigError(f"the optimizer has {len(groups)} param groups with different settings: pass "
+                              f"named_parameters (e.g. model.named_parameters()) so that each group can be "
+                              f"written as name patterns")
         members = _members(optimizer, names)
         everyone = [n for m in members for n in m] + _outsiders(pairs, optimizer)
         section["groups"] = [_group_entry(i, members[i], everyone, values, groups[-1])
