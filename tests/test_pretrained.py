@@ -100,9 +100,38 @@ def test_a_resume_does_not_read_the_file_again(trained: dict, tmp_path: Path) ->
 
 
 def test_a_mismatched_model_is_refused_naming_the_tensor(trained: dict, tmp_path: Path) -> None:
+    shutil.copytree(trained["root"] / "hf", tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").unlink()  # the weights alone: their shapes are all there is
     with pytest.raises(InputError, match=r"^model.init: .*model.safetensors: weight 'transformer.wte.weight' has "
                                          r"shape \(65, 16\); the model needs \(65, 32\)"):
-        torch_train(cfg(init=str(trained["root"] / "hf"), n_embd=32), tmp_path / "run", progress="none")
+        torch_train(cfg(init=str(tmp_path / "hf"), n_embd=32), tmp_path / "run", progress="none")
+
+
+@pytest.mark.parametrize("field, value, theirs, want", [("n_embd", 32, "n_embd", 16), ("n_head", 4, "n_head", 2),
+                                                        ("block_size", 8, "n_positions", 16)])
+def test_sizes_that_differ_from_the_config_json_are_refused_naming_both(trained: dict, tmp_path: Path, field: str,
+                                                                        value: int, theirs: str, want: int) -> None:
+    # n_head above all: the same weights split into other heads have every tensor's shape
+    with pytest.raises(InputError, match=rf"^model.init: .*config.json has {theirs} = {want}, but model.{field} = "
+                                         rf"{value}; set model.{field} = {want}$"):
+        torch_train(cfg(init=str(trained["root"] / "hf"), **{field: value}), tmp_path / "run", progress="none")
+
+
+def test_gpt2s_tanh_gelu_is_one_warning(trained: dict, tmp_path: Path) -> None:
+    import json
+    import warnings
+
+    from conformance.errors import TwinstepWarning
+
+    shutil.copytree(trained["root"] / "hf", tmp_path / "hf")
+    with warnings.catch_warnings(record=True) as caught:  # control: twinstep's export says "gelu"
+        warnings.simplefilter("always")
+        torch_train(cfg(init=str(tmp_path / "hf"), bias=True), tmp_path / "a", progress="none")
+    assert not [w for w in caught if issubclass(w.category, TwinstepWarning)]
+    hf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**hf, "activation_function": "gelu_new"}))
+    with pytest.warns(TwinstepWarning, match=r"activation_function = 'gelu_new'; the built-in gpt uses exact GELU"):
+        torch_train(cfg(init=str(tmp_path / "hf"), bias=True), tmp_path / "b", progress="none")
 
 
 def test_a_nonzero_bias_for_a_bias_free_model_is_refused(trained: dict, tmp_path: Path) -> None:

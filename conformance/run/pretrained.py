@@ -10,22 +10,33 @@ trees; torch files with weights_only=True, never plain pickle), or a directory h
 `model.safetensors` (a Hugging Face model directory, a `twinstep export` directory, a twinstep
 checkpoint) or else `pytorch_model.bin`. The model's sizes come from [model] and the data as
 always; every tensor must be present with the shape they give, or the run is refused naming the
-tensor. Both trainers call `initial_weights` only on a fresh start: a resumed run takes its weights
+tensor. Beside a Hugging Face GPT-2's weights, its config.json is checked against [model] first:
+a size that differs is refused naming both (n_head above all, which no tensor's shape shows: the
+same weights split into other heads are another model), and an activation other than exact GELU
+(GPT-2's own "gelu_new" is tanh's approximation; the built-in gpt, as nanoGPT, uses exact GELU) is
+one warning line. Both trainers call `initial_weights` only on a fresh start: a resumed run takes its weights
 from its checkpoint and needs the file no more.
 """
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from conformance.config import Config
 from conformance.data.splits import DataInfo
-from conformance.errors import InputError, TwinstepError
+from conformance.errors import InputError, TwinstepError, TwinstepWarning
+from conformance.files import read_regular
 from conformance.rules.models import model_dims
 
 DIRECTORY_FILES = ("model.safetensors", "pytorch_model.bin")  # what a model directory holds, in that order
+# [model] field -> GPT2Config field
+HF_SIZES = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions",
+            "vocab_size": "vocab_size"}
 
 
 def weights_file(init: str) -> Path:
@@ -53,7 +64,31 @@ def initial_weights(config: Config, info: DataInfo) -> dict[str, np.ndarray] | N
 
     path = weights_file(spec.init)
     sized = spec.model_copy(update={k: v for k, v in model_dims(spec, info)._asdict().items() if v is not None})
+    check_hf_config(path.parent / "config.json", sized)
     try:
         return import_weights(path, sized, dtype="float64")  # float64 holds any float exactly
     except TwinstepError as exc:
         raise InputError(f"model.init: {path}: {exc}") from None
+
+
+def check_hf_config(path: Path, sized: Any) -> None:
+    """A Hugging Face GPT-2 config.json beside the weights against the sized [model] (see the
+    module docstring); nothing when there is none or it describes another model type."""
+    if not path.is_file():
+        return
+    try:
+        hf = json.loads(read_regular(path, 1 << 20, what="config.json", error=InputError))
+    except ValueError as exc:
+        raise InputError(f"model.init: {path} is not JSON ({exc})") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
+        return
+    for ours, theirs in HF_SIZES.items():
+        want, have = hf.get(theirs), getattr(sized, ours, None)
+        if want is not None and have is not None and want != have:
+            raise InputError(f"model.init: {path} has {theirs} = {want}, but model.{ours} = {have}; set "
+                             f"model.{ours} = {want}")
+    act = hf.get("activation_function", "gelu_new")
+    if act != "gelu":
+        warnings.warn(f"model.init: {path} has activation_function = {act!r}; the built-in gpt uses exact GELU (as "
+                      f"nanoGPT does), so its outputs differ slightly from transformers' for these weights",
+                      TwinstepWarning, stacklevel=3)
