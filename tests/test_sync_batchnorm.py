@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from support.processes import PROCESS_S, child_env, run_process
 
 from conformance import checkpoint as ck
@@ -39,16 +40,23 @@ def train(framework: str, out: Path, ways: int, *args: str, env: dict[str, str] 
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def torch_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one-process torch run both torch tests compare with."""
+    out = tmp_path_factory.mktemp("sync_bn") / "one"
+    train("torch", out, 1)
+    return out
+
+
 def final(out: Path) -> ck.TrainingState:
     return ck.load_checkpoint(ck.find_latest(out / "checkpoints"))
 
 
-def test_torch_two_processes_with_sync_batchnorm_equal_one(tmp_path: Path) -> None:
-    train("torch", tmp_path / "one", 1)
+def test_torch_two_processes_with_sync_batchnorm_equal_one(torch_one: Path, tmp_path: Path) -> None:
     train("torch", tmp_path / "two", 2, "--set", "run.sync_batchnorm=true")
-    result = compare_runs(tmp_path / "one", tmp_path / "two", tolerance=EXACT)
+    result = compare_runs(torch_one, tmp_path / "two", tolerance=EXACT)
     assert result.passed, describe_failure(result.first_failure) if result.first_failure else result.problems
-    one, two = final(tmp_path / "one"), final(tmp_path / "two")
+    one, two = final(torch_one), final(tmp_path / "two")
     assert (one.manifest["world_size"], two.manifest["world_size"]) == (1, 2)
     # the running statistics (checkpointed under BatchNorm's names) come from the synchronized ones;
     # evaluations, which use them, were compared above
@@ -58,12 +66,11 @@ def test_torch_two_processes_with_sync_batchnorm_equal_one(tmp_path: Path) -> No
     assert len(evals(read_metrics(tmp_path / "two" / "metrics.jsonl"))) == 3
 
 
-def test_negative_control_torch_two_processes_without_it_differ(tmp_path: Path) -> None:
-    train("torch", tmp_path / "one", 1)
+def test_negative_control_torch_two_processes_without_it_differ(torch_one: Path, tmp_path: Path) -> None:
     train("torch", tmp_path / "two", 2)
-    result = compare_runs(tmp_path / "one", tmp_path / "two", tolerance=EXACT)
+    result = compare_runs(torch_one, tmp_path / "two", tolerance=EXACT)
     assert not result.passed and result.first_failure is not None
-    one, two = final(tmp_path / "one").state.model, final(tmp_path / "two").state.model
+    one, two = final(torch_one).state.model, final(tmp_path / "two").state.model
     assert not np.allclose(two["bn.running_var"], one["bn.running_var"], rtol=1e-6, atol=0)
 
 
