@@ -13,8 +13,6 @@ unbiased variance n / (n - 1)).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -29,8 +27,7 @@ class CpuSyncBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        group = dist.group.WORLD
-        if not (self.training and dist.is_initialized() and dist.get_world_size(group) > 1):
+        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(input)
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
@@ -38,20 +35,20 @@ class CpuSyncBatchNorm(_BatchNorm):
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # the cumulative moving average
                 factor = 1.0 / float(self.num_batches_tracked)
-        return _sync_normalize(self, input, factor, group)
+        return _sync_normalize(self, input, factor)
 
 
-def _sync_normalize(bn: CpuSyncBatchNorm, x: torch.Tensor, factor: float, group: Any) -> torch.Tensor:
+def _sync_normalize(bn: CpuSyncBatchNorm, x: torch.Tensor, factor: float) -> torch.Tensor:
     from torch.distributed.nn.functional import all_reduce
 
     channels = x.shape[1]
     dims = [d for d in range(x.dim()) if d != 1]
     shape = [1, channels] + [1] * (x.dim() - 2)
     local = torch.full((1,), x.numel() // channels, dtype=x.dtype, device=x.device)
-    sums = all_reduce(torch.cat([x.sum(dims), local]), op=dist.ReduceOp.SUM, group=group)
+    sums = all_reduce(torch.cat([x.sum(dims), local]), op=dist.ReduceOp.SUM, group=dist.group.WORLD)
     n, mean = sums[channels], sums[:channels] / sums[channels]
     centred = x - mean.reshape(shape)
-    var = all_reduce((centred * centred).sum(dims), op=dist.ReduceOp.SUM, group=group) / n
+    var = all_reduce((centred * centred).sum(dims), op=dist.ReduceOp.SUM, group=dist.group.WORLD) / n
     y = centred * torch.rsqrt(var + bn.eps).reshape(shape)
     if bn.affine:
         y = y * bn.weight.reshape(shape) + bn.bias.reshape(shape)

@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:  # export warns and goes on; sample cannot
         warnings.simplefilter("always", TwinstepWarning)
         vocab = run_vocabulary(source.config, source.meta, args.tokenizer, spec.vocab_size)
-    why = "; ".join(str(w.message).removeprefix("the vocabulary is not recorded: ") for w in caught
-                    if issubclass(w.category, TwinstepWarning))
     if vocab is None:
+        why = "; ".join(str(w.message).removeprefix("the vocabulary is not recorded: ") for w in caught
+                        if issubclass(w.category, TwinstepWarning))
         why = why or "no tokenizer beside its token shards; name it with --tokenizer bytes|PATH"
         raise UnsupportedError(f"{source.path}: the run's vocabulary is unknown: {why}")
     for w in caught:

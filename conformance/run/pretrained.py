@@ -14,8 +14,8 @@ tensor. Beside a Hugging Face GPT-2's weights, its config.json is checked agains
 a size that differs is refused naming both (n_head above all, which no tensor's shape shows: the
 same weights split into other heads are another model), and an activation other than exact GELU
 (GPT-2's own "gelu_new" is tanh's approximation; the built-in gpt, as nanoGPT, uses exact GELU) is
-one warning line. Both trainers call `initial_weights` only on a fresh start: a resumed run takes its weights
-from its checkpoint and needs the file no more.
+one warning line. Both trainers call `initial_weights` only on a fresh start: a resumed run takes
+its weights from its checkpoint and needs the file no more.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from conformance.config import Config
+from conformance.config.model import ModelSpec
 from conformance.data.splits import DataInfo
 from conformance.errors import InputError, TwinstepError, TwinstepWarning
 from conformance.files import read_regular
@@ -71,7 +71,7 @@ def initial_weights(config: Config, info: DataInfo) -> dict[str, np.ndarray] | N
         raise InputError(f"model.init: {path}: {exc}") from None
 
 
-def check_hf_config(path: Path, sized: Any) -> None:
+def check_hf_config(path: Path, sized: ModelSpec) -> None:
     """A Hugging Face GPT-2 config.json beside the weights against the sized [model] (see the
     module docstring); nothing when there is none or it describes another model type."""
     if not path.is_file():

@@ -211,21 +211,18 @@ def optimizer_section(optimizer: Any, named_parameters: Any = None,
             values["initial_accumulator_value"] = init
     section: dict[str, Any] = {"name": name, **groups[-1]}
     names = parameter_names(optimizer, pairs) if len(groups) > 1 else None
-    if len(groups) > 1 and not names and all(values == groups[-1] for values in groups):
-        # groups that differ in nothing but their parameters update each parameter as one group does
+    # groups that differ in nothing but their parameters update each parameter as one group does
+    if len(groups) == 1 or (not names and all(values == groups[-1] for values in groups)):
         _outsiders(pairs, optimizer)
         return section
-    if len(groups) > 1:
-        if not names:
-            raise ConfigError(f"the optimizer has {len(groups)} param groups with different settings: pass "
-                              f"named_parameters (e.g. model.named_parameters()) so that each group can be "
-                              f"written as name patterns")
-        members = _members(optimizer, names)
-        everyone = [n for m in members for n in m] + _outsiders(pairs, optimizer)
-        section["groups"] = [_group_entry(i, members[i], everyone, values, groups[-1])
-                             for i, values in enumerate(groups[:-1])]
-    else:
-        _outsiders(pairs, optimizer)
+    if not names:
+        raise ConfigError(f"the optimizer has {len(groups)} param groups with different settings: pass "
+                          f"named_parameters (e.g. model.named_parameters()) so that each group can be written "
+                          f"as name patterns")
+    members = _members(optimizer, names)
+    everyone = [n for m in members for n in m] + _outsiders(pairs, optimizer)
+    section["groups"] = [_group_entry(i, members[i], everyone, values, groups[-1])
+                         for i, values in enumerate(groups[:-1])]
     return section
 
 
