@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from conformance import heap
 from conformance.errors import UnsupportedError
 
-__all__ = ["NAME", "context", "describe", "framework_dtype", "release", "to_numpy"]
+__all__ = ["NAME", "context", "describe", "framework_dtype", "release", "share_compiled", "to_numpy"]
 
 NAME = "jax"
 
@@ -54,6 +55,23 @@ def release() -> None:
     back to the operating system: a run compiles over a thousand small programs."""
     jax.clear_caches()  # XLA:CPU keeps ~1.4 MB per program
     heap.trim()
+
+
+def share_compiled(directory: str) -> None:
+    """Keep compiled programs in `directory`, which every worker process of a conformance run
+    shares: a program another worker (or this one, before a release) compiled is loaded from there,
+    not compiled again. It is the same executable, so the same bits. Called once, at the start of a
+    worker process that runs only cases; a compilation cache the user configured
+    (JAX_COMPILATION_CACHE_DIR) is used as it is."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the cases' programs are all small
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # JAX writes an entry in place (its file lock comes with size-based eviction, which doubles the
+    # run's time): a worker that reads an entry another is still writing compiles the program
+    # itself, with a warning that is noise here
+    warnings.filterwarnings("ignore", message="Error reading persistent compilation cache entry")
 
 
 def describe() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import torch
 from conformance import heap
 from conformance.errors import UnsupportedError
 
-__all__ = ["NAME", "context", "describe", "framework_dtype", "release", "to_numpy"]
+__all__ = ["NAME", "context", "describe", "framework_dtype", "release", "share_compiled", "to_numpy"]
 
 NAME = "torch"
 
@@ -64,6 +64,15 @@ def release() -> None:
     """Drop what is kept between conformance cases (compiled programs) and give the freed memory
     back to the operating system: a run compiles over a thousand small programs."""
     heap.trim()  # eager torch compiles nothing; the C heap keeps the pages of freed tensors
+
+
+def share_compiled(directory: str) -> None:
+    """Keep compiled programs in `directory`, which every worker process of a conformance run
+    shares: a program another worker (or this one, before a release) compiled is loaded from there,
+    not compiled again. It is the same executable, so the same bits. Called once, at the start of a
+    worker process that runs only cases; a compilation cache the user configured
+    (JAX_COMPILATION_CACHE_DIR) is used as it is."""
+    del directory  # eager torch compiles nothing in a conformance run
 
 
 def describe() -> dict[str, Any]:

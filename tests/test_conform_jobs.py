@@ -1,17 +1,21 @@
 """`twinstep conform --jobs N` and releasing compiled programs between cases
 (item 2): the fast paths give the straightforward path's report, row for row and bit for bit; a
-worker that dies is one failed row naming the case it was running, and the run goes on."""
+worker that dies is one failed row naming the case it was running, and the run goes on; JAX
+workers load the programs another worker compiled."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from conformance.cli import main
-from conformance.harness import runner
+from conformance.harness import runner, workers
 from conformance.harness.backends import Backend
 from conformance.harness.case import load_cases
 from conformance.harness.workers import run_parallel
@@ -92,6 +96,54 @@ def test_releasing_jax_programs_after_every_case_changes_no_result(monkeypatch) 
     again = [r.to_json() for r in runner.run_cases(cases, jax)]
     assert len(released) == len(cases)  # the negative control: the release really ran each time
     assert again == kept
+
+
+def test_jax_workers_sharing_compiled_programs_report_what_one_process_reports(monkeypatch) -> None:
+    cases = load_cases(only=["clip/*"])[:6] + load_cases(only=["loss/seed-*"])[:6]
+    jax = [Backend("jax")]
+    serial = [r.to_json() for r in runner.run_cases(cases, jax)]
+    shared: list[str] = []
+
+    class Spied(tempfile.TemporaryDirectory):
+        def cleanup(self) -> None:
+            shared.extend(os.listdir(self.name))
+            super().cleanup()
+
+    monkeypatch.setattr(workers.tempfile, "TemporaryDirectory", Spied)
+    monkeypatch.setattr(workers, "MIN_PAIRS", 2)
+    monkeypatch.setattr(workers, "MIN_CHUNK", 3)
+    parallel = [r.to_json() for r in run_parallel(cases, jax, jobs=2)]
+    assert parallel == serial
+    assert any(name.endswith("-cache") for name in shared)  # the workers did keep their programs there
+
+
+SHARED_EXP = ("import sys\n"
+              "import jax.numpy as jnp\n"
+              "from jax import monitoring\n"
+              "from ref_jax.backend import share_compiled\n"
+              "hits = []\n"
+              "monitoring.register_event_listener(lambda name, **_: hits.append(name))\n"
+              "share_compiled(sys.argv[1])\n"
+              "x = jnp.exp(jnp.linspace(0.0, 1.0, 7))\n"
+              "print(hits.count('/jax/compilation_cache/cache_hits'), x.tolist())\n")
+
+
+def _shared_exp(directory: Path, **env: str) -> tuple[int, str]:
+    run = subprocess.run([sys.executable, "-c", SHARED_EXP, str(directory)], capture_output=True, text=True,
+                         check=True, env={**os.environ, **env})
+    hits, values = run.stdout.split(" ", 1)
+    return int(hits), values
+
+
+def test_a_second_jax_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
+    first, second = _shared_exp(tmp_path), _shared_exp(tmp_path)
+    assert first[0] == 0 and second[0] >= 1  # the first compiled, the second loaded
+    assert second[1] == first[1]
+    # a cache the user configured is kept: nothing lands in the run's directory
+    mine = tmp_path / "user"
+    theirs = _shared_exp(tmp_path / "run", JAX_COMPILATION_CACHE_DIR=str(mine),
+                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    assert theirs[0] == 0 and any(mine.iterdir()) and not (tmp_path / "run").exists()
 
 
 def _release(backend: Backend) -> None:

@@ -97,31 +97,36 @@ class Backend:
             raise MissingFunction(self.name, f"{module}.{name}")
         return fn
 
+    def _optional(self, name: str) -> Callable[..., Any] | None:
+        """`backend.<name>` of this backend's optional `backend` module, or None."""
+        try:
+            return getattr(self.module("backend"), name, None)
+        except MissingFunction:
+            return None
+
     def describe(self) -> dict[str, Any]:
         """What the backend's optional `backend.describe()` reports (versions); {} without one."""
-        try:
-            fn = getattr(self.module("backend"), "describe", None)
-        except MissingFunction:
-            return {}
+        fn = self._optional("describe")
         return dict(fn()) if fn is not None else {}
 
     def release(self) -> None:
         """Drop what the backend keeps between cases (`backend.release()`, e.g. JAX's compiled
         programs); nothing without one. The harness calls it when a process's memory has grown
         (conformance.harness.runner.Releases)."""
-        try:
-            fn = getattr(self.module("backend"), "release", None)
-        except MissingFunction:
-            return
+        fn = self._optional("release")
         if fn is not None:
             fn()
 
+    def share_compiled(self, directory: str) -> None:
+        """Tell a worker process's backend where the run's workers keep compiled programs
+        (`backend.share_compiled(directory)`, e.g. JAX's compilation cache); nothing without one."""
+        fn = self._optional("share_compiled")
+        if fn is not None:
+            fn(directory)
+
     def context(self) -> contextlib.AbstractContextManager:
         """The backend's numerics context (`backend.context()`, e.g. JAX's 64-bit mode) for a case."""
-        try:
-            make = getattr(self.module("backend"), "context", None)
-        except MissingFunction:
-            make = None
+        make = self._optional("context")
         return make() if make is not None else contextlib.nullcontext()
 
 

@@ -5,13 +5,16 @@ The (case × backend) pairs are cut into units: each backend's cases in up to N 
 not safe to fork once started), at most N at a time. A worker loads its case files itself and
 sends each Result back as it finishes, so the results are those of `--jobs 1`, placed in the same
 order. A worker that dies (a segfault, an abort, the OOM killer) costs one failed row naming the
-case it was running; a new worker goes on with the rest of its unit.
+case it was running; a new worker goes on with the rest of its unit. The workers share a temporary
+directory for compiled programs (`backend.share_compiled`): two JAX workers would otherwise compile
+most small programs twice.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -44,11 +47,12 @@ def run_parallel(cases: Sequence[Case], backends: Sequence[Backend], jobs: int) 
     ctx = mp.get_context("spawn")
     pending = list(reversed(units))  # popped from the end: the first unit starts first
     running: dict[Connection, _Unit] = {}
+    compiled = tempfile.TemporaryDirectory(prefix="twinstep-compiled-")
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 unit = pending.pop()
-                running[_start(ctx, unit)] = unit
+                running[_start(ctx, unit, compiled.name)] = unit
             for conn in wait(list(running)):
                 unit = running[conn]
                 try:
@@ -70,6 +74,7 @@ def run_parallel(cases: Sequence[Case], backends: Sequence[Backend], jobs: int) 
         for unit in running.values():
             unit.process.kill()
             unit.process.join()
+        compiled.cleanup()
     return [r for r in results if r is not None]
 
 
@@ -85,11 +90,11 @@ def _units(pairs: list[tuple[Case, Backend]], backends: Sequence[Backend], jobs:
     return units
 
 
-def _start(ctx: Any, unit: _Unit) -> Connection:
+def _start(ctx: Any, unit: _Unit, compiled: str) -> Connection:
     here, there = ctx.Pipe(duplex=False)
     b = unit.backend
     unit.process = ctx.Process(target=_serve, args=(there, (b.name, b.package, b.origin),
-                                                     [str(c.path) for c in unit.cases[unit.done:]]),
+                                                     [str(c.path) for c in unit.cases[unit.done:]], compiled),
                                daemon=True)
     unit.process.start()
     there.close()
@@ -97,10 +102,11 @@ def _start(ctx: Any, unit: _Unit) -> Connection:
     return here
 
 
-def _serve(conn: Connection, backend: tuple[str, str, str], paths: list[str]) -> None:
+def _serve(conn: Connection, backend: tuple[str, str, str], paths: list[str], compiled: str) -> None:
     """The worker: load the unit's case files, run each and send its Result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     b = Backend(*backend)
+    b.share_compiled(compiled)
     cases, _ = collect_cases(paths)
     order = {str(c.path): c for c in cases}
     releases = Releases([b])
