@@ -21,7 +21,7 @@ from typing import Any
 from conformance.errors import Preempted, TwinstepError, TwinstepWarning
 
 COMMANDS: tuple[str, ...] = ("conform", "config", "train", "checkpoint", "data", "schedule", "plot", "compare", "port",
-                             "export", "sample")
+                             "export", "sample", "drift")
 
 
 def show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def add_parser(sub: Any) -> None:
                    help="judge failures against the divergence ledger (default: docs/divergences.md): exit 0 "
                         "when every failure is one a row lists for its backend, failing as the row states, "
                         "1 on any other (a CI gate for a native backend); the report cites it too")
-    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+    p.add_argument("--jobs", type=whole_number("processes"), default=None, metavar="N",
                    help="worker processes (default: the CPUs this process may use; 1: every case in this "
                         "process, in order); results and their order are the same for every N")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case × backend row")
@@ -59,14 +60,18 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes >= 1, received {text!r}")
-    return n
+def whole_number(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of `what` >= 1, else the usage error naming what it received."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what} >= 1, received {text!r}")
+        return n
+
+    return parse
 
 
 def default_jobs() -> int:

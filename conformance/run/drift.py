@@ -1,0 +1,145 @@
+"""The drift envelope (`twinstep drift`): do the torch and JAX runs of a config differ by more than
+rounding explains? (docs/drift.md)
+
+From one config at one precision, every run on the same data in the same order:
+
+- the twins: the torch trainer and the JAX trainer from the same initial weights (the config's
+  seeded initialization, rounded to the master-weight dtype);
+- the floor: for each seed k = 1..K and each framework, that framework again with two rounding-sized
+  changes, `nudge(k)`: half of the initial weights' entries (drawn from k) moved one ulp of the
+  master-weight dtype up or down (drawn too), the rounding of one operation on every weight; and the
+  lr moved one ulp, up for odd k and down for even k, a rounding of the step repeated every update.
+  The first alone is no floor where the dynamics do not amplify a perturbation (a small MLP): there
+  the twins' per-update rounding differences add up, and so must the floor's.
+
+The distance of two runs after update t is ‖w_a(t) − w_b(t)‖ / ‖w_a(t)‖ over every parameter (the
+checkpoints a run saves on the way). The floor F(t) is the largest distance of the 2K self-runs
+from their own framework's twin; the twins are inside the envelope when D(t) ≤ MULTIPLE · F(t) at
+every saved update. If the twins differed only by rounding, D(t) would be one more draw from the
+distribution the self-runs sample, so it may exceed their largest; MULTIPLE covers that, and the
+envelope reports the self-runs' own `spread` (each against the largest of the others) to show
+whether it does. Losses are compared per update too (relative difference), but the verdict is the
+weights': a logged loss is rounded to the compute dtype, so its differences come in steps of its
+ulp (a bfloat16 loss cannot differ by less than 4e-3 when it differs at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from conformance.checkpoint.format import list_checkpoints
+from conformance.checkpoint.load import load_checkpoint
+from conformance.config import Config
+from conformance.errors import TwinstepError
+from conformance.run.metrics import read_metrics, updates
+
+MULTIPLE = 2.0  # the twins may be this many times the floor (docs/drift.md derives it)
+FRAMEWORKS = ("torch", "jax")
+
+
+def master_dtype(config: Config) -> np.dtype:
+    """The dtype of the weights the optimizer updates: float64 for float64 runs, else float32."""
+    return np.dtype(np.float64 if config.precision.dtype == "float64" else np.float32)
+
+
+def nudge_weights(weights: Mapping[str, np.ndarray], seed: int, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """Half of the entries (drawn from `seed`) one ulp of `dtype` up or down (drawn too); the rest as
+    they are. `weights` must hold values of `dtype` (see master_dtype)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, w in weights.items():
+        w = np.asarray(w, dtype)
+        moved = rng.random(w.shape) < 0.5
+        up = rng.random(w.shape) < 0.5
+        step = np.where(up, np.nextafter(w, dtype.type(np.inf)), np.nextafter(w, dtype.type(-np.inf)))
+        out[name] = np.where(moved, step, w).astype(dtype)
+    return out
+
+
+def nudge_lr(lr: float, seed: int, dtype: np.dtype) -> float:
+    """`lr` one ulp of `dtype` away: up for odd seeds, down for even ones."""
+    value = dtype.type(lr)
+    return float(np.nextafter(value, dtype.type(np.inf if seed % 2 else -np.inf)))
+
+
+def relative_distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
+    """‖a − b‖ / ‖a‖ over every tensor of `a` (float64 sums)."""
+    if a.keys() != b.keys():
+        raise TwinstepError(f"the runs hold different parameters: {sorted(a.keys() ^ b.keys())[:4]}")
+    num = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2)) for k in a)
+    den = sum(float(np.sum(np.asarray(a[k], np.float64) ** 2)) for k in a)
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+class Envelope(NamedTuple):
+    """The measured envelope (see the module docstring). Lists run over `updates`."""
+
+    updates: list[int]  # updates done at each saved point
+    twins: list[float]  # D(t): torch against JAX
+    floor: list[float]  # F(t): the largest self-run distance
+    selves: dict[str, list[float]]  # each self-run's distance from its framework's twin
+    ratio: list[float]  # D(t) / F(t)
+    spread: float  # the largest self-run distance over the largest of the other self-runs
+    loss_twins: list[float]  # per update: |L_torch − L_jax| / |L_torch|
+    loss_floor: list[float]  # per update: the largest such difference of a self-run from its twin
+
+    @property
+    def worst(self) -> int:
+        """The index of the largest ratio."""
+        return int(np.argmax(self.ratio))
+
+    @property
+    def inside(self) -> bool:
+        return max(self.ratio) <= MULTIPLE
+
+
+def saved_weights(run_dir: Path) -> dict[int, dict[str, np.ndarray]]:
+    """{updates done: model weights} of every checkpoint a run saved."""
+    return {u: load_checkpoint(p).state.model for u, p in sorted(list_checkpoints(run_dir / "checkpoints"))}
+
+
+def _losses(run_dir: Path) -> np.ndarray:
+    return np.array([float(r["loss"]) for r in updates(read_metrics(run_dir / "metrics.jsonl"))])
+
+
+def _loss_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    n = min(len(a), len(b))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.abs(a[:n] - b[:n]) / np.abs(a[:n])
+
+
+def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]]) -> Envelope:
+    """The envelope of finished runs: `twins` {framework: run dir}, `selves` {framework: [run dir per
+    seed]}; every run saved checkpoints at the same updates."""
+    weights = {fw: saved_weights(d) for fw, d in twins.items()}
+    points = sorted(set.intersection(*(set(w) for w in weights.values())) - {0})
+    if not points:
+        raise TwinstepError(f"the runs in {Path(next(iter(twins.values()))).parent} saved no checkpoint in common")
+    torch_w, jax_w = (weights[fw] for fw in FRAMEWORKS)
+    twin_d = [relative_distance(torch_w[u], jax_w[u]) for u in points]
+    self_d: dict[str, list[float]] = {}
+    loss_base = {fw: _losses(d) for fw, d in twins.items()}
+    loss_self = []
+    for fw, dirs in selves.items():
+        for k, d in enumerate(dirs, 1):
+            mine = saved_weights(d)
+            self_d[f"{fw}-seed{k}"] = [relative_distance(weights[fw][u], mine[u]) for u in points]
+            loss_self.append(_loss_difference(loss_base[fw], _losses(d)))
+    table = np.array(list(self_d.values()))  # (runs, points)
+    floor = table.max(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(floor > 0, np.array(twin_d) / floor, np.inf)
+    spread = 0.0
+    for i in range(len(table)):
+        others = np.delete(table, i, axis=0).max(axis=0) if len(table) > 1 else table[i]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spread = max(spread, float(np.max(np.where(others > 0, table[i] / others, 1.0))))
+    loss_twins = _loss_difference(loss_base["torch"], loss_base["jax"])
+    n = min(len(loss_twins), *(len(x) for x in loss_self))
+    loss_floor = np.max(np.array([x[:n] for x in loss_self]), axis=0)
+    return Envelope(points, twin_d, floor.tolist(), self_d, ratio.tolist(), spread,
+                    loss_twins[:n].tolist(), loss_floor.tolist())
