@@ -1,7 +1,8 @@
 """`twinstep drift`: the twins against a floor of rounding-sized self-runs (conformance/run/drift.py).
 
 The nudges are one ulp exactly and drawn from the seed alone; the distance is the hand-computed
-one; end to end, a planted rounding-sized difference (the JAX lr one float32 ulp higher) stays
+one; the float64 runs skip what the twins skipped and scale as they did; end to end, a planted
+rounding-sized difference (the JAX lr one float32 ulp higher) stays
 inside the envelope while the lr 1 % higher is far outside (negative control), and the command
 writes its table, series and plot.
 """
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 
 from conformance.cli import main
-from conformance.run.drift import MULTIPLE, nudge_lr, nudge_weights, relative_distance
+from conformance.config import load_config
+from conformance.run.drift import MULTIPLE, exact_overrides, nudge_lr, nudge_weights, relative_distance
 
 ROOT = Path(__file__).resolve().parents[1]
 F32 = np.dtype(np.float32)
@@ -52,6 +54,18 @@ def test_relative_distance_is_the_norm_of_the_difference_over_the_norm() -> None
     assert relative_distance(a, a) == 0.0
 
 
+@pytest.mark.parametrize("dtype, dynamic", [("float16", True), ("bfloat16", False)])
+def test_the_float64_run_skips_and_scales_as_its_twin(dtype: str, dynamic: bool) -> None:
+    config = load_config(ROOT / "configs" / "gpt_tiny.toml", [f'precision.dtype="{dtype}"', "precision.init_scale=1024.0"]
+                         if dynamic else [f'precision.dtype="{dtype}"'])
+    exact = load_config(ROOT / "configs" / "gpt_tiny.toml",
+                        [f'precision.dtype="{dtype}"', *(["precision.init_scale=1024.0"] if dynamic else []),
+                         "run.max_updates=10", *exact_overrides(config, [0, 3])])
+    assert exact.precision.dtype == "float64" and exact.run.inject_nonfinite == [0, 3]
+    assert exact.precision.dynamic_scaling is dynamic
+    assert exact.precision.init_scale == (1024.0 if dynamic else 2.0**16)
+
+
 def _drift(tmp_path: Path, name: str, *extra: str, capsys: pytest.CaptureFixture) -> tuple[int, dict, str]:
     out = tmp_path / name
     rc = main(["drift", str(ROOT / "configs" / "gpt_tiny.toml"), *SMALL, *extra, "-o", str(out)])
@@ -65,7 +79,8 @@ def test_a_rounding_sized_lr_difference_is_inside_and_one_percent_is_outside(tmp
     assert rc == 0 and doc["inside"] and doc["worst_ratio"] <= MULTIPLE
     assert "inside the envelope" in text and (tmp_path / "ulp" / "drift.png").stat().st_size > 0
     assert doc["saved_updates"] == list(range(1, 11))
-    assert set(doc["selves"]) == {"torch-seed1", "jax-seed1"}
+    assert set(doc["selves"]) == {"torch-seed1", "jax-seed1"} and set(doc["exact"]) == {"torch", "jax"}
+    assert doc["floor"] == [max(a, b, r) for a, b, r in zip(*doc["selves"].values(), doc["rounding"])]
     # rounding-sized, and not zero: the twins do differ (after update 1 they are equal: warm-up's lr is 0)
     assert max(doc["twins"]) > 0 and all(d < 1e-5 for d in doc["twins"])
     rc, doc, text = _drift(tmp_path, "lr", "--jax-set", f"optimizer.lr={lr * 1.01!r}", capsys=capsys)

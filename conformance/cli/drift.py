@@ -4,9 +4,9 @@ explains? (conformance/run/drift.py has the method, docs/drift.md the measuremen
     twinstep drift configs/gpt_tiny.toml --updates 200 --seeds 2 --dtype float32 -o drift-gpt
     twinstep drift configs/gpt_tiny.toml --jax-set optimizer.lr=0.00303      # how a real difference looks
 
-Trains the twins (torch and JAX from the same initial weights) and, per seed, each framework again
-with rounding-sized changes (the floor), 2 + 2K runs as `twinstep train` processes, `--jobs` at a
-time. Prints the weights' distance of the twins against the floor at the saved updates and the
+Trains the twins (torch and JAX from the same initial weights), per seed each framework again with
+rounding-sized changes, and each framework's float64 run (the twins' rounding errors): 4 + 2K runs
+as `twinstep train` processes, `--jobs` at a time (2 + 2K for a float64 config). Prints the weights' distance of the twins against the floor at the saved updates and the
 verdict; writes DIR/drift.json (every series), DIR/drift.png (the curves) and DIR/runs/ (the runs,
 each with its log). `--set` changes both sides, `--torch-set` / `--jax-set` one side only (its
 self-runs too). Exit status: 0 inside the envelope, 1 outside, 2 for bad input or a failed run.
@@ -28,7 +28,17 @@ from conformance.checkpoint.files import save_tensors
 from conformance.cli.conform import default_jobs, whole_number
 from conformance.config import Config, load_config
 from conformance.errors import ConfigError, TwinstepError
-from conformance.run.drift import FRAMEWORKS, MULTIPLE, Envelope, master_dtype, measure, nudge_lr, nudge_weights
+from conformance.run.drift import (
+    FRAMEWORKS,
+    MULTIPLE,
+    Envelope,
+    exact_overrides,
+    master_dtype,
+    measure,
+    nudge_lr,
+    nudge_weights,
+    skipped_updates,
+)
 
 POINTS = 20  # saved updates per run: the weights are compared where the runs saved checkpoints
 DTYPES = ("float64", "float32", "bfloat16", "float16")
@@ -68,10 +78,17 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} exists and is not an empty directory; choose another -o (nothing was overwritten)")
     plan = _plan(configs, sides, args.seeds, out)
-    _train_all(args.config, plan, out / "runs", args.jobs or default_jobs())
-    runs = out / "runs"
+    runs, jobs = out / "runs", args.jobs or default_jobs()
+    _train_all(args.config, plan, runs, jobs)
+    exact = {}
+    if dtype != "float64":  # the float64 runs skip what the twins skipped, so they start once the twins end
+        exact = {f"{fw}-exact": (fw, [*plan[fw][1], *exact_overrides(configs[fw], skipped_updates(runs / fw))])
+                 for fw in FRAMEWORKS}
+        _train_all(args.config, exact, runs, jobs)
+        plan.update(exact)
     env = measure({fw: runs / fw for fw in FRAMEWORKS},
-                  {fw: [runs / f"{fw}-seed{k}" for k in range(1, args.seeds + 1)] for fw in FRAMEWORKS})
+                  {fw: [runs / f"{fw}-seed{k}" for k in range(1, args.seeds + 1)] for fw in FRAMEWORKS},
+                  {fw: runs / f"{fw}-exact" for fw in FRAMEWORKS} if exact else None)
     _write_json(out / "drift.json", args, dtype, env, plan)
     _plot(out / "drift.png", env, f"{args.config}, {dtype}")
     _print_table(sys.stdout, args, dtype, env, out)
@@ -111,7 +128,7 @@ def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, o
 
 def _train_all(config: str, plan: dict[str, tuple[str, list[str]]], runs: Path, jobs: int) -> None:
     """Every planned run as a `twinstep train` process, `jobs` at a time, the JAX runs (slower) first."""
-    runs.mkdir()
+    runs.mkdir(exist_ok=True)
     order = sorted(plan, key=lambda name: plan[name][0] != "jax")
     running: list[tuple[str, subprocess.Popen]] = []
     try:
@@ -142,9 +159,9 @@ def _write_json(path: Path, args: argparse.Namespace, dtype: str, env: Envelope,
                 plan: dict[str, tuple[str, list[str]]]) -> None:
     doc = {"config": args.config, "dtype": dtype, "updates": args.updates, "seeds": args.seeds,
            "multiple": MULTIPLE, "inside": env.inside, "worst_ratio": max(env.ratio),
-           "worst_update": env.updates[env.worst], "spread": env.spread,
+           "worst_update": env.updates[env.worst], "spread": env.spread, "accuracy": env.accuracy,
            "saved_updates": env.updates, "twins": env.twins, "floor": env.floor, "ratio": _finite(env.ratio),
-           "selves": env.selves, "loss_twins": _finite(env.loss_twins), "loss_floor": _finite(env.loss_floor),
+           "selves": env.selves, "exact": env.exact, "rounding": env.rounding, "loss_twins": _finite(env.loss_twins), "loss_floor": _finite(env.loss_floor),
            "runs": {name: {"backend": fw, "set": sets} for name, (fw, sets) in plan.items()}}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -152,14 +169,21 @@ def _write_json(path: Path, args: argparse.Namespace, dtype: str, env: Envelope,
 def _print_table(stream: Any, args: argparse.Namespace, dtype: str, env: Envelope, out: Path) -> None:
     n = len(env.updates)
     rows = sorted(set(range(0, n, max(1, n // 10))) | {n - 1, env.worst})
+    selves = np.array(list(env.selves.values())).max(axis=0)
     print(f"drift of {args.config} in {dtype}: {args.updates} updates, {args.seeds} seed(s); the weights' relative "
-          f"distance, torch against JAX (twins) and the largest of {2 * args.seeds} self-runs (floor)", file=stream)
-    print(f"{'update':>8} {'twins':>10} {'floor':>10} {'ratio':>7}", file=stream)
+          f"distance: torch against JAX (twins), the largest of {2 * args.seeds} self-runs from their twin (self), "
+          f"the twins' rounding errors combined (rounding); floor = the larger", file=stream)
+    print(f"{'update':>8} {'twins':>10} {'self':>10} {'rounding':>10} {'ratio':>7}", file=stream)
     for i in rows:
-        print(f"{env.updates[i]:>8} {env.twins[i]:>10.3g} {env.floor[i]:>10.3g} {env.ratio[i]:>7.3g}", file=stream)
+        print(f"{env.updates[i]:>8} {env.twins[i]:>10.3g} {selves[i]:>10.3g} {env.rounding[i]:>10.3g} "
+              f"{env.ratio[i]:>7.3g}", file=stream)
     verdict = "inside the envelope" if env.inside else "OUTSIDE the envelope"
     print(f"largest ratio {max(env.ratio):.3g} after update {env.updates[env.worst]} (limit {MULTIPLE:g}): {verdict}; "
           f"the self-runs' own spread {env.spread:.3g}", file=stream)
+    if env.exact:
+        last = {fw: e[-1] for fw, e in env.exact.items()}
+        print(f"rounding error after update {env.updates[-1]}: torch {last['torch']:.3g}, JAX {last['jax']:.3g} from "
+              f"their float64 runs; the larger over the smaller, at most {env.accuracy:.3g}", file=stream)
     lt, lf = np.nanmax(env.loss_twins), np.nanmax(env.loss_floor)
     print(f"loss, per update: the twins differ by at most {lt:.3g} relative, the self-runs by {lf:.3g}", file=stream)
     print(f"wrote {out / 'drift.json'}, {out / 'drift.png'} and the runs in {out / 'runs'}", file=stream)
@@ -174,6 +198,8 @@ def _plot(path: Path, env: Envelope, title: str) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7))
     selves = np.array(list(env.selves.values()))
     top.fill_between(env.updates, selves.min(axis=0), selves.max(axis=0), color="0.8", label="self-runs (floor band)")
+    if env.exact:
+        top.plot(env.updates, env.rounding, "C0:", lw=1, label="rounding errors combined")
     top.plot(env.updates, MULTIPLE * np.array(env.floor), "k--", lw=0.8, label=f"{MULTIPLE:g} x floor")
     top.plot(env.updates, env.twins, "C3o-", ms=3, label="twins: torch vs JAX")
     top.set(yscale="log", ylabel="weights' relative distance", title=title)

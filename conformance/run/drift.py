@@ -12,13 +12,22 @@ From one config at one precision, every run on the same data in the same order:
   The first alone is no floor where the dynamics do not amplify a perturbation (a small MLP): there
   the twins' per-update rounding differences add up, and so must the floor's.
 
+- the exact runs: each framework's config in float64 from the same start (an update the twin
+  skipped on a non-finite gradient is skipped here too, through run.inject_nonfinite): a twin's
+  distance from it, E(t), is that twin's own rounding error.
+
 The distance of two runs after update t is ‖w_a(t) − w_b(t)‖ / ‖w_a(t)‖ over every parameter (the
-checkpoints a run saves on the way). The floor F(t) is the largest distance of the 2K self-runs
-from their own framework's twin; the twins are inside the envelope when D(t) ≤ MULTIPLE · F(t) at
-every saved update. If the twins differed only by rounding, D(t) would be one more draw from the
-distribution the self-runs sample, so it may exceed their largest; MULTIPLE covers that, and the
-envelope reports the self-runs' own `spread` (each against the largest of the others) to show
-whether it does. Losses are compared per update too (relative difference), but the verdict is the
+checkpoints a run saves on the way). The floor F(t) is the larger of the self-runs' largest
+distance from their own framework's twin and √(E_torch² + E_jax²), the distance two independent
+rounding errors of those sizes put between the twins: a self-run repeats most of its twin's
+rounding errors (a rounding-sized change leaves most rounding decisions of the same kernels as they
+were), so where the dynamics do not amplify differences the self-runs alone undercount rounding.
+The twins are inside the envelope when D(t) ≤ MULTIPLE · F(t) at every saved update. If the twins
+differed only by rounding, D(t) would be one more draw from the distribution the self-runs sample,
+so it may exceed their largest; MULTIPLE covers that, and the envelope reports the self-runs' own
+`spread` (each against the largest of the others) to show whether it does. It also reports the
+twins' `accuracy` ratio, max(E_torch, E_jax) / min(...): a side that computes in lower precision
+than the other shows there even while the twins are inside. Losses are compared per update too (relative difference), but the verdict is the
 weights': a logged loss is rounded to the compute dtype, so its differences come in steps of its
 ulp (a bfloat16 loss cannot differ by less than 4e-3 when it differs at all).
 """
@@ -66,6 +75,20 @@ def nudge_lr(lr: float, seed: int, dtype: np.dtype) -> float:
     return float(np.nextafter(value, dtype.type(np.inf if seed % 2 else -np.inf)))
 
 
+def exact_overrides(config: Config, skipped: Sequence[int]) -> list[str]:
+    """--set overrides that make `config`'s run the float64 one: the same loss scaling (a power of two,
+    exact in float64), no TF32, and the updates the low-precision run skipped skipped too."""
+    sets = ['precision.dtype="float64"', "precision.allow_tf32=false", f"run.inject_nonfinite={list(skipped)}"]
+    if config.precision.dynamic_scaling:
+        sets.append('precision.loss_scale="dynamic"')
+    return sets
+
+
+def skipped_updates(run_dir: Path) -> list[int]:
+    """The updates a finished run skipped (non-finite gradients)."""
+    return [int(r["update"]) for r in updates(read_metrics(run_dir / "metrics.jsonl")) if r.get("skipped")]
+
+
 def relative_distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
     """‖a − b‖ / ‖a‖ over every tensor of `a` (float64 sums)."""
     if a.keys() != b.keys():
@@ -80,10 +103,13 @@ class Envelope(NamedTuple):
 
     updates: list[int]  # updates done at each saved point
     twins: list[float]  # D(t): torch against JAX
-    floor: list[float]  # F(t): the largest self-run distance
+    floor: list[float]  # F(t): the larger of the self-runs' largest distance and `rounding`
     selves: dict[str, list[float]]  # each self-run's distance from its framework's twin
+    exact: dict[str, list[float]]  # E(t): each twin's distance from its float64 run (empty for float64 runs)
+    rounding: list[float]  # √(E_torch² + E_jax²), zeros without exact runs
     ratio: list[float]  # D(t) / F(t)
     spread: float  # the largest self-run distance over the largest of the other self-runs
+    accuracy: float  # the largest max(E_torch, E_jax) / min(E_torch, E_jax) (1 without exact runs)
     loss_twins: list[float]  # per update: |L_torch − L_jax| / |L_torch|
     loss_floor: list[float]  # per update: the largest such difference of a self-run from its twin
 
@@ -112,25 +138,32 @@ def _loss_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.abs(a[:n] - b[:n]) / np.abs(a[:n])
 
 
-def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]]) -> Envelope:
-    """The envelope of finished runs: `twins` {framework: run dir}, `selves` {framework: [run dir per
-    seed]}; every run saved checkpoints at the same updates."""
+def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]],
+            exact: Mapping[str, Path] | None = None) -> Envelope:
+    """The envelope of finished runs: `twins` and `exact` {framework: run dir}, `selves` {framework:
+    [run dir per seed]}; every run saved checkpoints at the same updates."""
     weights = {fw: saved_weights(d) for fw, d in twins.items()}
     points = sorted(set.intersection(*(set(w) for w in weights.values())) - {0})
     if not points:
         raise TwinstepError(f"the runs in {Path(next(iter(twins.values()))).parent} saved no checkpoint in common")
     torch_w, jax_w = (weights[fw] for fw in FRAMEWORKS)
-    twin_d = [relative_distance(torch_w[u], jax_w[u]) for u in points]
+    twin_d = _distances(torch_w, jax_w, points)
     self_d: dict[str, list[float]] = {}
     loss_base = {fw: _losses(d) for fw, d in twins.items()}
     loss_self = []
     for fw, dirs in selves.items():
         for k, d in enumerate(dirs, 1):
-            mine = saved_weights(d)
-            self_d[f"{fw}-seed{k}"] = [relative_distance(weights[fw][u], mine[u]) for u in points]
+            self_d[f"{fw}-seed{k}"] = _distances(weights[fw], saved_weights(d), points)
             loss_self.append(_loss_difference(loss_base[fw], _losses(d)))
     table = np.array(list(self_d.values()))  # (runs, points)
-    floor = table.max(axis=0)
+    exact_d = {fw: _distances(weights[fw], saved_weights(d), points) for fw, d in (exact or {}).items()}
+    rounding = np.sqrt(sum(np.square(e) for e in exact_d.values())) if exact_d else np.zeros(len(points))
+    floor = np.maximum(table.max(axis=0), rounding)
+    accuracy = 1.0
+    if exact_d:
+        e = np.array(list(exact_d.values()))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            accuracy = float(np.max(np.where(e.min(axis=0) > 0, e.max(axis=0) / e.min(axis=0), 1.0)))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(floor > 0, np.array(twin_d) / floor, np.inf)
     spread = 0.0
@@ -141,5 +174,13 @@ def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]]) -> 
     loss_twins = _loss_difference(loss_base["torch"], loss_base["jax"])
     n = min(len(loss_twins), *(len(x) for x in loss_self))
     loss_floor = np.max(np.array([x[:n] for x in loss_self]), axis=0)
-    return Envelope(points, twin_d, floor.tolist(), self_d, ratio.tolist(), spread,
-                    loss_twins[:n].tolist(), loss_floor.tolist())
+    return Envelope(points, twin_d, floor.tolist(), self_d, exact_d, rounding.tolist(), ratio.tolist(), spread,
+                    accuracy, loss_twins[:n].tolist(), loss_floor.tolist())
+
+
+def _distances(base: Mapping[int, Mapping[str, np.ndarray]], other: Mapping[int, Mapping[str, np.ndarray]],
+               points: Sequence[int]) -> list[float]:
+    missing = [u for u in points if u not in other]
+    if missing:
+        raise TwinstepError(f"a drift run saved no checkpoint after update {missing[0]}")
+    return [relative_distance(base[u], other[u]) for u in points]
