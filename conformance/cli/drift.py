@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +69,10 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    every = max(1, args.updates // POINTS)
     common = [f"run.max_updates={args.updates}", "run.eval_every=0", 'run.progress="none"', "run.loggers=[]",
-              "run.tensorboard=false", f"checkpoint.every={max(1, args.updates // POINTS)}",
-              f"checkpoint.keep_last={POINTS + 2}", "checkpoint.at_end=true", "checkpoint.keep_best=false",
+              "run.tensorboard=false", f"checkpoint.every={every}", f"checkpoint.keep_last={args.updates // every + 1}",
+              "checkpoint.at_end=true", "checkpoint.keep_best=false",
               *([f'precision.dtype="{args.dtype}"'] if args.dtype else []), *args.both]
     sides = {"torch": common + args.torch_set, "jax": common + args.jax_set}
     configs = {fw: load_config(args.config, sides[fw]) for fw in FRAMEWORKS}
@@ -114,11 +117,11 @@ def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, o
         raise ConfigError("the torch and JAX sides build different models (their parameters' names or shapes "
                           "differ); a side's overrides may change the optimizer or the numerics, not the model")
     (out / "init").mkdir(parents=True, exist_ok=True)
-    base = out / "init" / "start.safetensors"
+    base = (out / "init" / "start.safetensors").resolve()
     save_tensors(base, {k: v.astype(np.float64) for k, v in start["torch"].items()})  # float64 holds them exactly
     plan = {fw: (fw, [*sides[fw], f"model.init={json.dumps(str(base))}"]) for fw in FRAMEWORKS}
     for k in range(1, seeds + 1):
-        path = out / "init" / f"seed{k}.safetensors"
+        path = (out / "init" / f"seed{k}.safetensors").resolve()
         save_tensors(path, {n: v.astype(np.float64) for n, v in nudge_weights(start["torch"], k, dt).items()})
         for fw in FRAMEWORKS:
             lr = nudge_lr(configs[fw].optimizer.lr, k, dt)
@@ -127,28 +130,35 @@ def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, o
 
 
 def _train_all(config: str, plan: dict[str, tuple[str, list[str]]], runs: Path, jobs: int) -> None:
-    """Every planned run as a `twinstep train` process, `jobs` at a time, the JAX runs (slower) first."""
+    """Every planned run as a `twinstep train` process, `jobs` at a time, the JAX runs (slower) first;
+    the JAX runs share one compilation cache, so the programs the twin compiles its self-runs load
+    (a cache the user configured is used as it is)."""
     runs.mkdir(exist_ok=True)
     order = sorted(plan, key=lambda name: plan[name][0] != "jax")
     running: list[tuple[str, subprocess.Popen]] = []
-    try:
-        while order or running:
-            while order and len(running) < jobs:
-                name = order.pop(0)
-                fw, sets = plan[name]
-                cmd = [sys.executable, "-m", "conformance", "train", config, "--backend", fw, "--out", str(runs / name)]
-                cmd += [a for s in sets for a in ("--set", s)]
-                with open(runs / f"{name}.log", "w") as log:
-                    running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
-            name, proc = running.pop(0)
-            if proc.wait() != 0:
-                lines = (runs / f"{name}.log").read_text(errors="replace").strip().splitlines()
-                raise TwinstepError(f"drift run {name} failed (exit {proc.returncode}): "
-                                    f"{lines[-1] if lines else 'no output'} (log: {runs / name}.log)")
-    finally:
-        for _, proc in running:
-            proc.kill()
-            proc.wait()
+    with tempfile.TemporaryDirectory(prefix="twinstep-drift-") as compiled:
+        env = dict(os.environ)
+        if not env.get("JAX_COMPILATION_CACHE_DIR"):
+            env.update(JAX_COMPILATION_CACHE_DIR=compiled, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+        try:
+            while order or running:
+                while order and len(running) < jobs:
+                    name = order.pop(0)
+                    fw, sets = plan[name]
+                    cmd = [sys.executable, "-m", "conformance", "train", config, "--backend", fw,
+                           "--out", str(runs / name), *[a for s in sets for a in ("--set", s)]]
+                    with open(runs / f"{name}.log", "w") as log:
+                        running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
+                name, proc = running.pop(0)
+                if proc.wait() != 0:
+                    lines = (runs / f"{name}.log").read_text(errors="replace").strip().splitlines()
+                    raise TwinstepError(f"drift run {name} failed (exit {proc.returncode}): "
+                                        f"{lines[-1] if lines else 'no output'} (log: {runs / name}.log)")
+        finally:
+            for _, proc in running:
+                proc.kill()
+                proc.wait()
 
 
 def _finite(xs: list[float]) -> list[float | None]:
