@@ -36,6 +36,8 @@ ARGS = {
                                  lr_scheduler_type="inverse_sqrt"),
     "adagrad-min-lr": dict(optim="adagrad", learning_rate=0.05, lr_scheduler_type="cosine_with_min_lr",
                            lr_scheduler_kwargs={"min_lr": 0.005}, warmup_steps=2),
+    "adamw-hard-restarts": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="cosine_with_restarts",
+                                warmup_steps=2, lr_scheduler_kwargs={"num_cycles": 3}),  # 3 cycles of 4 updates
     "adamw-wsd": dict(learning_rate=0.01, weight_decay=0.1, lr_scheduler_type="warmup_stable_decay", warmup_steps=2,
                       lr_scheduler_kwargs={"num_decay_steps": 4, "decay_type": "linear"}),
 }
@@ -94,8 +96,10 @@ def test_the_json_file_and_the_no_decay_rule(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, error, words", [
     ({"learning_rate": 0.1, "optim": "adafactor", "max_steps": 5}, UnsupportedError, "optim = 'adafactor': twinstep reads"),
-    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "cosine_with_restarts"}, UnsupportedError,
-     "lr_scheduler_type = 'cosine_with_restarts' cannot be translated"),
+    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "reduce_lr_on_plateau"}, UnsupportedError,
+     "lr_scheduler_type = 'reduce_lr_on_plateau' cannot be translated"),
+    ({"learning_rate": 0.1, "max_steps": 5, "lr_scheduler_type": "cosine_with_restarts",
+      "lr_scheduler_kwargs": {"num_cycles": 2}}, UnsupportedError, r"its period .* = 2.5 is not a whole number"),
     ({"learning_rate": 0.1, "max_steps": -1}, ConfigError, "max_steps = -1: .*pass num_training_steps"),
     ({"learning_rate": 0.1, "max_steps": 5, "weight_decay": 0.1}, ConfigError, "weight_decay > 0: .*pass model="),
     ({"learning_rate": 0.1, "max_steps": 5, "optim_args": "momentum=0.9"}, UnsupportedError, "optim_args"),

@@ -104,6 +104,9 @@ SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     "hf-cosine-one-cycle": lambda o: hf_schedule("get_cosine_schedule_with_warmup", o, 2, 10, num_cycles=1.0),
     "hf-cosine-min-lr": lambda o: hf_schedule("get_cosine_with_min_lr_schedule_with_warmup", o, 0, 8, min_lr_rate=0.1),
     "hf-inverse-sqrt": lambda o: hf_schedule("get_inverse_sqrt_schedule", o, 4, timescale=6),
+    # 3 cycles of 3 updates after 3 of warm-up; exact up to update 12, where transformers' lr drops to 0
+    "hf-cosine-hard-restarts": lambda o: hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", o, 3, 12,
+                                                     num_cycles=3),
     "hf-wsd-cosine": lambda o: hf_schedule("get_wsd_schedule", o, 2, 3, num_stable_steps=4, min_lr_ratio=0.1),
     "hf-wsd-1-sqrt": lambda o: hf_schedule("get_wsd_schedule", o, 0, 4, num_training_steps=9, decay_type="1-sqrt"),
     "hf-wsd-linear": lambda o: hf_schedule("get_wsd_schedule", o, 3, 4, num_stable_steps=1, decay_type="linear"),

@@ -108,6 +108,9 @@ def _schedule(a: dict[str, Any], steps: int, warmup: int, lr: float) -> dict[str
             raise ConfigError("lr_scheduler_type = 'cosine_with_min_lr' needs min_lr or min_lr_rate in lr_scheduler_kwargs")
         return read_lambda("_get_cosine_schedule_with_warmup_lr_lambda",
                            {**both, "num_cycles": kw.get("num_cycles", 0.5), "min_lr_rate": rate}, [lr])
+    if kind == "cosine_with_restarts":  # the run ends at num_training_steps, where transformers' lr drops to 0
+        return read_lambda("_get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda",
+                           {**both, "num_cycles": kw.get("num_cycles", 1)}, [lr], ends_at_total=True)
     if kind == "constant":
         return read_lambda("_get_constant_lambda", {}, [lr])
     if kind == "constant_with_warmup":
@@ -129,8 +132,8 @@ def _schedule(a: dict[str, Any], steps: int, warmup: int, lr: float) -> dict[str
             "warmup_type": kw.get("warmup_type", "linear"), "decay_type": kw.get("decay_type", "cosine"),
             "min_lr_ratio": kw.get("min_lr_ratio", 0.0), "num_cycles": kw.get("num_cycles", 0.5)}, [lr])
     raise UnsupportedError(f"lr_scheduler_type = {kind!r} cannot be translated: twinstep reads linear, cosine, "
-                           f"cosine_with_min_lr, constant, constant_with_warmup, polynomial, inverse_sqrt and "
-                           f"warmup_stable_decay")
+                           f"cosine_with_min_lr, cosine_with_restarts, constant, constant_with_warmup, polynomial, "
+                           f"inverse_sqrt and warmup_stable_decay")
 
 
 def from_hf(args: Any, *, num_training_steps: int | None = None, model: Any = None,

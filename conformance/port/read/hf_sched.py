@@ -15,20 +15,30 @@ its mathematics can be read from the name and the keywords (transformers 5.x):
                                                       climbs back after its period, as HF's does),
                                                       min_lr_rate as eta_min, num_cycles when the
                                                       half period is a whole number of updates
+    _get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda
+                                                      the same warm-up, then cosine_restarts (t_0 = the
+                                                      period, t_mult 1, eta_min 0) when the period
+                                                      (num_training_steps − W) / num_cycles is whole
+                                                      and transformers' float progress puts every
+                                                      restart on its update; exact up to
+                                                      num_training_steps, after which transformers'
+                                                      lr is 0 and the cosine restarts (a warning says
+                                                      so unless the run ends there, as from_hf's does)
     _get_inverse_sqrt_schedule_lr_lambda              inverse_sqrt (warm-up from 0, timescale)
     _get_wsd_scheduler_lambda                         wsd (linear warm-up from min_lr_ratio, decay
                                                       linear | cosine | 1-sqrt to min_lr_ratio)
 
-Every other warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions
-(hard restarts) are refused naming the function.
+Every other warm-up is HF's t / num_warmup_steps, twinstep's start_factor = 0. Other functions are
+refused naming the function.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
-from conformance.errors import UnsupportedError
+from conformance.errors import TwinstepWarning, UnsupportedError
 
 MODULE = "transformers.optimization"
 
@@ -47,9 +57,11 @@ def _whole(value: float, what: str) -> int:
     return int(value)
 
 
-def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, Any]:
+def read_lambda(name: str, kw: dict[str, Any], base: list[float], ends_at_total: bool = False) -> dict[str, Any]:
     """The [schedule] of transformers' function `name` with keywords `kw` over groups whose base lrs
-    are `base`; UnsupportedError naming the function where no spec schedule is exactly it."""
+    are `base`; UnsupportedError naming the function where no spec schedule is exactly it.
+    `ends_at_total`: the run ends at num_training_steps (from_hf), so what a schedule does after it
+    never applies."""
     where = f"LambdaLR({MODULE}.{name})"
     if name == "_get_constant_lambda":
         return {"name": "constant"}
@@ -82,13 +94,16 @@ def read_lambda(name: str, kw: dict[str, Any], base: list[float]) -> dict[str, A
                                    f"eta_min; twinstep's eta_min is an lr")
         return {"name": "warmup_cosine", "warmup_steps": warmup, "total_steps": warmup + half, "start_factor": 0.0,
                 "eta_min": rate * base[0], "convention": "torch"}
+    if name == "_get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda":
+        return _hard_restarts(kw, where, ends_at_total)
     if name == "_get_wsd_scheduler_lambda":
         return _wsd(kw, base, where)
     if name == "_get_inverse_sqrt_schedule_lr_lambda":
         return {"name": "inverse_sqrt", "warmup_steps": warmup, "start_factor": 0.0,
                 "timescale": _whole(float(kw["timescale"]), f"{where}: timescale")}
     raise UnsupportedError(f"{where} cannot be translated: twinstep reads transformers' constant, linear, cosine, "
-                           f"polynomial, inverse_sqrt and wsd schedules; write the [schedule] section by hand")
+                           f"cosine with hard restarts, polynomial, inverse_sqrt and wsd schedules; write the "
+                           f"[schedule] section by hand")
 
 
 def _after_warmup(warmup: int, then: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +115,27 @@ def _after_warmup(warmup: int, then: dict[str, Any]) -> dict[str, Any]:
     return {"name": "sequential", "milestones": [warmup], "schedulers": [
         {"name": "wsd", "warmup_steps": warmup, "start_factor": 0.0, "total_steps": warmup + 1, "decay_steps": 1},
         then]}
+
+
+def _hard_restarts(kw: dict[str, Any], where: str, ends_at_total: bool) -> dict[str, Any]:
+    warmup, total, cycles = int(kw.get("num_warmup_steps", 0)), int(kw["num_training_steps"]), kw["num_cycles"]
+    span = total - warmup
+    if span < 1:
+        raise UnsupportedError(f"{where}: num_training_steps = {total} <= num_warmup_steps = {warmup} leaves no "
+                               f"cosine (the lr is 0 after the warm-up)")
+    period = _whole(span / cycles if cycles > 0 else math.inf,
+                    f"{where}: its period (num_training_steps − num_warmup_steps) / num_cycles")
+    for k in range(1, round(cycles)):
+        # transformers' (num_cycles · progress) % 1 in floats: a product just below a whole number
+        # ends the cycle at lr ≈ 0 one update late instead of restarting
+        if (float(cycles) * (float(k * period) / float(span))) % 1.0 != 0.0:
+            raise UnsupportedError(f"{where}: transformers' floating-point progress does not restart the cosine at "
+                                   f"update {warmup + k * period} (its lr there is ≈ 0, not the peak); no spec "
+                                   f"schedule has that step")
+    if not ends_at_total:
+        warnings.warn(f"{where}: the [schedule] is exact for the first num_training_steps = {total} updates; after "
+                      f"them transformers' lr is 0 and the [schedule]'s cosine restarts", TwinstepWarning, stacklevel=4)
+    return _after_warmup(warmup, {"name": "cosine_restarts", "t_0": period, "t_mult": 1, "eta_min": 0.0})
 
 
 def _wsd(kw: dict[str, Any], base: list[float], where: str) -> dict[str, Any]:
