@@ -1,35 +1,28 @@
 """The drift envelope (`twinstep drift`): do the torch and JAX runs of a config differ by more than
-rounding explains? (docs/drift.md)
+rounding explains? (docs/drift.md has the derivation and the measurements)
 
 From one config at one precision, every run on the same data in the same order:
 
 - the twins: the torch trainer and the JAX trainer from the same initial weights (the config's
   seeded initialization, rounded to the master-weight dtype);
-- the floor: for each seed k = 1..K and each framework, that framework again with two rounding-sized
-  changes, `nudge(k)`: half of the initial weights' entries (drawn from k) moved one ulp of the
-  master-weight dtype up or down (drawn too), the rounding of one operation on every weight; and the
-  lr moved one ulp, up for odd k and down for even k, a rounding of the step repeated every update.
-  The first alone is no floor where the dynamics do not amplify a perturbation (a small MLP): there
-  the twins' per-update rounding differences add up, and so must the floor's.
+- the self-runs: for each seed k = 1..K and each framework, that framework again with half of the
+  initial weights' entries (drawn from k) one ulp up or down (drawn too) and the lr one ulp up (odd
+  k) or down (even k): `nudge_weights`, `nudge_lr`;
+- the exact runs: each framework's config in float64 from the same start, skipping what its twin
+  skipped (`exact_overrides`): a twin's distance from it, E(t), is that twin's own rounding error.
 
-- the exact runs: each framework's config in float64 from the same start (an update the twin
-  skipped on a non-finite gradient is skipped here too, through run.inject_nonfinite): a twin's
-  distance from it, E(t), is that twin's own rounding error.
-
-The distance of two runs after update t is ‖w_a(t) − w_b(t)‖ / ‖w_a(t)‖ over every parameter (the
-checkpoints a run saves on the way). The floor F(t) is the larger of the self-runs' largest
-distance from their own framework's twin and √(E_torch² + E_jax²), the distance two independent
-rounding errors of those sizes put between the twins: a self-run repeats most of its twin's
-rounding errors (a rounding-sized change leaves most rounding decisions of the same kernels as they
-were), so where the dynamics do not amplify differences the self-runs alone undercount rounding.
-The twins are inside the envelope when D(t) ≤ MULTIPLE · F(t) at every saved update. If the twins
-differed only by rounding, D(t) would be one more draw from the distribution the self-runs sample,
-so it may exceed their largest; MULTIPLE covers that, and the envelope reports the self-runs' own
-`spread` (each against the largest of the others) to show whether it does. It also reports the
-twins' `accuracy` ratio, max(E_torch, E_jax) / min(...): a side that computes in lower precision
-than the other shows there even while the twins are inside. Losses are compared per update too (relative difference), but the verdict is the
-weights': a logged loss is rounded to the compute dtype, so its differences come in steps of its
-ulp (a bfloat16 loss cannot differ by less than 4e-3 when it differs at all).
+The distance of two runs after update t is ‖w_a(t) − w_b(t)‖ / ‖w_a(t)‖ over every parameter, at
+the checkpoints the runs save. The floor F(t) is the larger of the self-runs' largest distance from
+their own framework's twin (how far a rounding-sized change carries one framework: it dominates
+where the dynamics amplify differences) and √(E_torch² + E_jax²) (how far apart two independent
+rounding errors of the twins' sizes put them: a self-run repeats most of its twin's rounding
+errors, so where the dynamics do not amplify differences the self-runs alone undercount). The twins
+are inside the envelope when D(t) ≤ MULTIPLE · F(t) at every saved update: by the triangle
+inequality twins computing the same mathematics stay within √2 · √(E_torch² + E_jax²) plus the
+distance of their float64 runs. Also reported: the self-runs' `spread` (each over the largest of
+the others) and the twins' `accuracy` ratio (max over min of E_torch, E_jax: a side that rounds
+more shows there even while inside). Losses are compared per update too, but the verdict is the
+weights': a logged loss is rounded to the compute dtype, so its differences come in steps of its ulp.
 """
 
 from __future__ import annotations
@@ -159,23 +152,22 @@ def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]],
     exact_d = {fw: _distances(weights[fw], saved_weights(d), points) for fw, d in (exact or {}).items()}
     rounding = np.sqrt(sum(np.square(e) for e in exact_d.values())) if exact_d else np.zeros(len(points))
     floor = np.maximum(table.max(axis=0), rounding)
-    accuracy = 1.0
-    if exact_d:
-        e = np.array(list(exact_d.values()))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            accuracy = float(np.max(np.where(e.min(axis=0) > 0, e.max(axis=0) / e.min(axis=0), 1.0)))
+    e = np.array(list(exact_d.values()))
+    accuracy = _largest_ratio(e.max(axis=0), e.min(axis=0)) if exact_d else 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(floor > 0, np.array(twin_d) / floor, np.inf)
-    spread = 0.0
-    for i in range(len(table)):
-        others = np.delete(table, i, axis=0).max(axis=0) if len(table) > 1 else table[i]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            spread = max(spread, float(np.max(np.where(others > 0, table[i] / others, 1.0))))
+    spread = max(_largest_ratio(table[i], np.delete(table, i, axis=0).max(axis=0)) for i in range(len(table)))
     loss_twins = _loss_difference(loss_base["torch"], loss_base["jax"])
     n = min(len(loss_twins), *(len(x) for x in loss_self))
     loss_floor = np.max(np.array([x[:n] for x in loss_self]), axis=0)
     return Envelope(points, twin_d, floor.tolist(), self_d, exact_d, rounding.tolist(), ratio.tolist(), spread,
                     accuracy, loss_twins[:n].tolist(), loss_floor.tolist())
+
+
+def _largest_ratio(num: np.ndarray, den: np.ndarray) -> float:
+    """The largest num / den over the points where den > 0 (1 where there is none)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.max(np.where(den > 0, num / den, 1.0)))
 
 
 def _distances(base: Mapping[int, Mapping[str, np.ndarray]], other: Mapping[int, Mapping[str, np.ndarray]],
