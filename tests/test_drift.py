@@ -81,10 +81,11 @@ def test_a_rounding_sized_lr_difference_is_inside_and_one_percent_is_outside(tmp
     assert doc["saved_updates"] == list(range(1, 11))
     assert set(doc["selves"]) == {"torch-seed1", "jax-seed1"} and set(doc["exact"]) == {"torch", "jax"}
     assert doc["floor"] == [max(a, b, r) for a, b, r in zip(*doc["selves"].values(), doc["rounding"])]
-    # rounding-sized, and not zero: the twins do differ (after update 1 they are equal: warm-up's lr is 0)
+    # rounding-sized, and not zero: the twins do differ (after update 1 they are equal: warm-up's lr is 0);
+    # measured 8.3e-7 after 10 updates, the self-runs 8.6e-7: 1e-5 is an order of magnitude above both
     assert max(doc["twins"]) > 0 and all(d < 1e-5 for d in doc["twins"])
     rc, doc, text = _drift(tmp_path, "lr", "--jax-set", f"optimizer.lr={lr * 1.01!r}", capsys=capsys)
-    assert rc == 1 and not doc["inside"] and doc["worst_ratio"] > 100 * MULTIPLE
+    assert rc == 1 and not doc["inside"] and doc["worst_ratio"] > 100 * MULTIPLE  # measured 3,730
     assert "OUTSIDE the envelope" in text
 
 
