@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.port import float64_default, on_backends
+from support.port import SCHEDULERS, float64_default, hf_schedule, initial, on_backends, parameters
 
 from conformance.config import load_config
-from conformance.errors import ConfigError, UnsupportedError
+from conformance.errors import ConfigError, TwinstepWarning, UnsupportedError
+from conformance.port import from_torch
 from conformance.port.read.from_hf import from_hf
 from conformance.port.verify.native import run_native_torch
 from conformance.port.verify.traces import compare, gradient_stream
@@ -193,3 +194,29 @@ def test_what_trainer_cannot_state_is_refused(spec: dict, words: str) -> None:
 
     with pytest.raises(UnsupportedError, match=words):
         hf_arguments(load_config({**spec, "run": {"max_updates": 10}}))
+
+
+def test_hard_restarts_say_the_schedule_is_exact_up_to_num_training_steps() -> None:
+    named = parameters(initial())
+    opt = torch.optim.SGD(named.values(), lr=0.1, momentum=0.9)
+    scheduler = SCHEDULERS["hf-cosine-hard-restarts"](opt)
+    with pytest.warns(TwinstepWarning, match="exact for the first num_training_steps = 12 updates; after them"):
+        spec = from_torch(opt, scheduler, named)  # from_hf's run ends there: no warning (the Trainer test above)
+    part = spec["schedule"]["schedulers"][1]
+    assert part == {"name": "cosine_restarts", "t_0": 3, "t_mult": 1, "eta_min": 0.0}
+    # what the warning says is so: at update 12 transformers' factor is 0, the cosine's 1 (a restart)
+    assert scheduler.lr_lambdas[0](12) == 0.0 and scheduler.lr_lambdas[0](11) > 0.0
+
+
+@pytest.mark.parametrize("warmup, total, cycles, words", [
+    (2, 10, 3, r"hard_restarts_schedule_with_warmup_lr_lambda\): its period .* = 2.6666666666666665 is not a whole"),
+    # 25 · (7 / 25) = 6.999999999999999 in floats: transformers' update 7 ends a cycle instead of restarting
+    (0, 25, 25, "progress does not restart the cosine at update 7"),
+])
+def test_hard_restarts_no_spec_schedule_states_are_refused(warmup: int, total: int, cycles: int, words: str) -> None:
+    named = parameters(initial())
+    opt = torch.optim.SGD(named.values(), lr=0.1)
+    scheduler = hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", opt, warmup, total, num_cycles=cycles)
+    with pytest.raises(UnsupportedError, match=words) as info:
+        from_torch(opt, scheduler, named)
+    assert "\n" not in str(info.value)

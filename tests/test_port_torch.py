@@ -28,7 +28,7 @@ from support.port import (
 from support.processes import PROCESS_S, run_process
 from torch.optim import lr_scheduler as sched
 
-from conformance.errors import ConfigError, TwinstepWarning, UnsupportedError
+from conformance.errors import ConfigError, UnsupportedError
 from conformance.port import from_torch
 from conformance.port.read.patterns import cover, owner
 from conformance.port.verify.native import run_native_torch
@@ -164,11 +164,6 @@ def _opt() -> tuple[dict, torch.optim.Optimizer]:
 @pytest.mark.parametrize("make, words", [
     (lambda o: sched.LambdaLR(o, lambda s: 0.9 ** s), "LambdaLR cannot be translated: its lr_lambda is an arbitrary"),
     (lambda o: sched.MultiplicativeLR(o, lambda s: 0.9), "MultiplicativeLR cannot be translated"),
-    (lambda o: hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", o, 2, 10, num_cycles=3),
-     r"hard_restarts_schedule_with_warmup_lr_lambda\): its period .* = 2.6666666666666665 is not a whole number"),
-    # 25 · (7 / 25) = 6.999999999999999 in floats: transformers' update 7 ends a cycle instead of restarting
-    (lambda o: hf_schedule("get_cosine_with_hard_restarts_schedule_with_warmup", o, 0, 25, num_cycles=25),
-     "progress does not restart the cosine at update 7"),
     (lambda o: hf_schedule("get_wsd_schedule", o, 2, 3, num_stable_steps=1, warmup_type="cosine"),
      "warmup_type = 'cosine'; twinstep's warm-ups are linear"),
     (lambda o: hf_schedule("get_wsd_schedule", o, 2, 3, num_stable_steps=1, num_cycles=1.0),
@@ -194,17 +189,6 @@ def test_inexpressible_schedulers_are_refused_with_one_line(make, words: str) ->
     with pytest.raises(UnsupportedError, match=words) as info:
         from_torch(opt, make(opt), named)
     assert "\n" not in str(info.value)
-
-
-def test_hard_restarts_say_the_schedule_is_exact_up_to_num_training_steps() -> None:
-    named, opt = _opt()
-    scheduler = SCHEDULERS["hf-cosine-hard-restarts"](opt)
-    with pytest.warns(TwinstepWarning, match="exact for the first num_training_steps = 12 updates; after them"):
-        spec = from_torch(opt, scheduler, named)
-    part = spec["schedule"]["schedulers"][1]
-    assert part == {"name": "cosine_restarts", "t_0": 3, "t_mult": 1, "eta_min": 0.0}
-    # what the warning says is so: at update 12 transformers' factor is 0, the cosine's 1 (a restart)
-    assert scheduler.lr_lambdas[0](12) == 0.0 and scheduler.lr_lambdas[0](11) > 0.0
 
 
 def test_transformers_min_lr_rate_needs_one_lr_and_a_misread_schedule_is_caught(monkeypatch) -> None:
