@@ -48,9 +48,10 @@ DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("drift", help="measure whether the torch and JAX runs of a config differ by more than rounding",
-                       description="Train CONFIG on both trainers from the same initial weights, and each trainer "
-                                   "again with rounding-sized changes; compare the twins' distance with that floor. "
-                                   "Exit 0 inside the envelope, 1 outside.")
+                       description="Train CONFIG on both trainers from the same initial weights, each trainer "
+                                   "again with rounding-sized changes and once in float64 (its rounding error); "
+                                   "compare the twins' distance with that floor. Exit 0 inside the envelope, 1 "
+                                   "outside.")
     p.add_argument("config", help="a TOML config of a built-in model")
     p.add_argument("--updates", type=whole_number("updates"), default=200, metavar="N", help="updates per run (default 200)")
     p.add_argument("--seeds", type=whole_number("seeds"), default=2, metavar="K", help="self-runs per framework (default 2)")
