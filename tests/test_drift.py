@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conformance.cli import main
+from conformance.cli.drift_runs import Planned, chains
 from conformance.config import load_config
 from conformance.run.drift import MULTIPLE, exact_overrides, nudge_lr, nudge_weights, relative_distance
 
@@ -64,6 +65,34 @@ def test_the_float64_run_skips_and_scales_as_its_twin(dtype: str, dynamic: bool)
     assert exact.precision.dtype == "float64" and exact.run.inject_nonfinite == [0, 3]
     assert exact.precision.dynamic_scaling is dynamic
     assert exact.precision.init_scale == (1024.0 if dynamic else 2.0**16)
+
+
+def _plan(seeds: int) -> list[Planned]:
+    return ([Planned(fw, fw, []) for fw in ("torch", "jax")]
+            + [Planned(f"{fw}-seed{k}", fw, []) for k in range(1, seeds + 1) for fw in ("torch", "jax")]
+            + [Planned(f"{fw}-exact", fw, [], exact_of=fw) for fw in ("torch", "jax")])
+
+
+@pytest.mark.parametrize("jobs, expected", [
+    (1, [["torch", "jax", "torch-seed1", "jax-seed1", "torch-seed2", "jax-seed2", "torch-exact", "jax-exact"]]),
+    (2, [["jax", "jax-exact", "jax-seed1", "jax-seed2"], ["torch", "torch-exact", "torch-seed1", "torch-seed2"]]),
+    (4, [["jax", "jax-exact"], ["jax-seed1", "jax-seed2"], ["torch", "torch-exact"], ["torch-seed1", "torch-seed2"]]),
+    (16, [["jax", "jax-exact"], ["jax-seed1"], ["jax-seed2"], ["torch", "torch-exact"], ["torch-seed1"], ["torch-seed2"]]),
+])
+def test_each_chain_holds_one_framework_and_each_float64_run_follows_its_twin(jobs: int, expected: list) -> None:
+    got = chains(_plan(2), jobs)
+    assert [[p.name for p in chain] for chain in got] == expected
+    assert sorted(p.name for chain in got for p in chain) == sorted(p.name for p in _plan(2))  # every run once
+
+
+def test_a_run_that_fails_stops_the_drift_naming_it_and_its_log(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "d"
+    rc = main(["drift", str(ROOT / "configs" / "gpt_tiny.toml"), *SMALL, "--torch-set", 'precision.on_nonfinite="raise"',
+               "--torch-set", "run.inject_nonfinite=[2]", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "drift run torch failed (exit 2)" in err and f"(log: {out / 'runs' / 'torch.log'})" in err
+    assert not (out / "drift.json").exists()
 
 
 def _drift(tmp_path: Path, name: str, *extra: str, capsys: pytest.CaptureFixture) -> tuple[int, dict, str]:

@@ -6,7 +6,8 @@ explains? (conformance/run/drift.py has the method, docs/drift.md the measuremen
 
 Trains the twins (torch and JAX from the same initial weights), per seed each framework again with
 rounding-sized changes, and each framework's float64 run (the twins' rounding errors): 4 + 2K runs
-as `twinstep train` processes, `--jobs` at a time (2 + 2K for a float64 config). Prints the weights' distance of the twins against the floor at the saved updates and the
+of `twinstep train`, in at most `--jobs` worker processes that each train a chain of one framework's
+runs (conformance/cli/drift_runs.py; 2 + 2K runs for a float64 config). Prints the weights' distance of the twins against the floor at the saved updates and the
 verdict; writes DIR/drift.json (every series), DIR/drift.png (the curves) and DIR/runs/ (the runs,
 each with its log). `--set` changes both sides, `--torch-set` / `--jax-set` one side only (its
 self-runs too). Exit status: 0 inside the envelope, 1 outside, 2 for bad input or a failed run.
@@ -17,10 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +26,17 @@ import numpy as np
 
 from conformance.checkpoint.files import save_tensors
 from conformance.cli.conform import default_jobs, whole_number
+from conformance.cli.drift_runs import Planned, train_all
 from conformance.config import Config, load_config
-from conformance.errors import ConfigError, TwinstepError
+from conformance.errors import ConfigError
 from conformance.run.drift import (
     FRAMEWORKS,
     MULTIPLE,
     Envelope,
-    exact_overrides,
     master_dtype,
     measure,
     nudge_lr,
     nudge_weights,
-    skipped_updates,
 )
 
 POINTS = 20  # saved updates per run: the weights are compared where the runs saved checkpoints
@@ -82,18 +79,14 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} exists and is not an empty directory; choose another -o (nothing was overwritten)")
     plan = _plan(configs, sides, args.seeds, out)
-    runs, jobs = out / "runs", args.jobs or default_jobs()
-    _train_all(args.config, plan, runs, jobs)
-    exact = {}
-    if dtype != "float64":  # the float64 runs skip what the twins skipped, so they start once the twins end
-        exact = {f"{fw}-exact": (fw, [*plan[fw][1], *exact_overrides(configs[fw], skipped_updates(runs / fw))])
-                 for fw in FRAMEWORKS}
-        _train_all(args.config, exact, runs, jobs)
-        plan.update(exact)
+    if dtype != "float64":  # each framework's float64 run: its twin's rounding error (it skips what the twin skipped)
+        plan += [Planned(f"{fw}-exact", fw, sides[fw] + [_init(out, "start")], exact_of=fw) for fw in FRAMEWORKS]
+    runs = out / "runs"
+    trained = train_all(args.config, plan, runs, args.jobs or default_jobs())
     env = measure({fw: runs / fw for fw in FRAMEWORKS},
                   {fw: [runs / f"{fw}-seed{k}" for k in range(1, args.seeds + 1)] for fw in FRAMEWORKS},
-                  {fw: runs / f"{fw}-exact" for fw in FRAMEWORKS} if exact else None)
-    _write_json(out / "drift.json", args, dtype, env, plan)
+                  {fw: runs / f"{fw}-exact" for fw in FRAMEWORKS} if dtype != "float64" else None)
+    _write_json(out / "drift.json", args, dtype, env, {p.name: (p.backend, trained[p.name]) for p in plan})
     _plot(out / "drift.png", env, f"{args.config}, {dtype}")
     _print_table(sys.stdout, args, dtype, env, out)
     return 0 if env.inside else 1
@@ -109,8 +102,13 @@ def _initial(config: Config) -> dict[str, np.ndarray]:
     return given if given is not None else init_params(config.model, info, config.run.seed)
 
 
-def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, out: Path) -> dict[str, tuple[str, list[str]]]:
-    """{run name: (framework, --set overrides)} for the twins and the self-runs; writes the initial weights."""
+def _init(out: Path, name: str) -> str:
+    """The override that starts a run from OUT/init/NAME.safetensors."""
+    return f"model.init={json.dumps(str((out / 'init' / f'{name}.safetensors').resolve()))}"
+
+
+def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, out: Path) -> list[Planned]:
+    """The twins and the self-runs; writes their initial weights under OUT/init."""
     dt = master_dtype(configs["torch"])
     start = {fw: {k: np.asarray(v, dt) for k, v in _initial(c).items()} for fw, c in configs.items()}
     shapes = {fw: {k: v.shape for k, v in w.items()} for fw, w in start.items()}
@@ -118,48 +116,15 @@ def _plan(configs: dict[str, Config], sides: dict[str, list[str]], seeds: int, o
         raise ConfigError("the torch and JAX sides build different models (their parameters' names or shapes "
                           "differ); a side's overrides may change the optimizer or the numerics, not the model")
     (out / "init").mkdir(parents=True, exist_ok=True)
-    base = (out / "init" / "start.safetensors").resolve()
-    save_tensors(base, {k: v.astype(np.float64) for k, v in start["torch"].items()})  # float64 holds them exactly
-    plan = {fw: (fw, [*sides[fw], f"model.init={json.dumps(str(base))}"]) for fw in FRAMEWORKS}
+    save_tensors(out / "init" / "start.safetensors", {k: v.astype(np.float64) for k, v in start["torch"].items()})  # float64 holds them exactly
+    plan = [Planned(fw, fw, [*sides[fw], _init(out, "start")]) for fw in FRAMEWORKS]
     for k in range(1, seeds + 1):
-        path = (out / "init" / f"seed{k}.safetensors").resolve()
-        save_tensors(path, {n: v.astype(np.float64) for n, v in nudge_weights(start["torch"], k, dt).items()})
-        for fw in FRAMEWORKS:
-            lr = nudge_lr(configs[fw].optimizer.lr, k, dt)
-            plan[f"{fw}-seed{k}"] = (fw, [*sides[fw], f"model.init={json.dumps(str(path))}", f"optimizer.lr={lr!r}"])
+        save_tensors(out / "init" / f"seed{k}.safetensors",
+                     {n: v.astype(np.float64) for n, v in nudge_weights(start["torch"], k, dt).items()})
+        plan += [Planned(f"{fw}-seed{k}", fw, [*sides[fw], _init(out, f"seed{k}"),
+                                               f"optimizer.lr={nudge_lr(configs[fw].optimizer.lr, k, dt)!r}"])
+                 for fw in FRAMEWORKS]
     return plan
-
-
-def _train_all(config: str, plan: dict[str, tuple[str, list[str]]], runs: Path, jobs: int) -> None:
-    """Every planned run as a `twinstep train` process, `jobs` at a time, the JAX runs (slower) first;
-    the JAX runs share one compilation cache, so the programs the twin compiles its self-runs load
-    (a cache the user configured is used as it is)."""
-    runs.mkdir(exist_ok=True)
-    order = sorted(plan, key=lambda name: plan[name][0] != "jax")
-    running: list[tuple[str, subprocess.Popen]] = []
-    with tempfile.TemporaryDirectory(prefix="twinstep-drift-") as compiled:
-        env = dict(os.environ)
-        if not env.get("JAX_COMPILATION_CACHE_DIR"):
-            env.update(JAX_COMPILATION_CACHE_DIR=compiled, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
-        try:
-            while order or running:
-                while order and len(running) < jobs:
-                    name = order.pop(0)
-                    fw, sets = plan[name]
-                    cmd = [sys.executable, "-m", "conformance", "train", config, "--backend", fw,
-                           "--out", str(runs / name), *[a for s in sets for a in ("--set", s)]]
-                    with open(runs / f"{name}.log", "w") as log:
-                        running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
-                name, proc = running.pop(0)
-                if proc.wait() != 0:
-                    lines = (runs / f"{name}.log").read_text(errors="replace").strip().splitlines()
-                    raise TwinstepError(f"drift run {name} failed (exit {proc.returncode}): "
-                                        f"{lines[-1] if lines else 'no output'} (log: {runs / name}.log)")
-        finally:
-            for _, proc in running:
-                proc.kill()
-                proc.wait()
 
 
 def _finite(xs: list[float]) -> list[float | None]:

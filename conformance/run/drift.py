@@ -83,11 +83,12 @@ def skipped_updates(run_dir: Path) -> list[int]:
 
 
 def relative_distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
-    """‖a − b‖ / ‖a‖ over every tensor of `a` (float64 sums)."""
+    """‖a − b‖ / ‖a‖ over every tensor of `a` (float64 sums, in the tensors' name order)."""
     if a.keys() != b.keys():
         raise TwinstepError(f"the runs hold different parameters: {sorted(a.keys() ^ b.keys())[:4]}")
-    num = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2)) for k in a)
-    den = sum(float(np.sum(np.asarray(a[k], np.float64) ** 2)) for k in a)
+    names = sorted(a)  # one summation order, whatever order the checkpoints listed their tensors in
+    num = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2)) for k in names)
+    den = sum(float(np.sum(np.asarray(a[k], np.float64) ** 2)) for k in names)
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
 
