@@ -172,6 +172,17 @@ def _chained(spec: ScheduleSpec, b: float) -> Schedule:
     return schedule
 
 
+def _tabulated(factors: Sequence[float], b: float) -> Schedule:
+    # b · factors[s], the last factor held: one gather, the product rounded once as torch's LambdaLR
+    table = np.asarray(factors, dtype=np.float64)
+
+    def schedule(s: Any) -> Any:
+        index = jnp.clip(jnp.asarray(s), 0, len(table) - 1).astype(jnp.int32)
+        return b * jnp.asarray(table)[index]
+
+    return schedule
+
+
 def _warmup(spec: ScheduleSpec, b: float) -> Schedule:
     return _polynomial(b * spec.start_factor, b, 1.0, spec.warmup_steps)
 
@@ -232,6 +243,8 @@ def lr_schedule(spec: ScheduleSpec, b: float) -> Schedule:
         return lambda s: b + (spec.max_lr - b) * height(s)
     if name == "reduce_on_plateau":
         return optax.constant_schedule(b)  # between observations the lr holds; plateau_step moves it
+    if name == "tabulated":
+        return _tabulated(spec.factors, b)
     raise InputError(f"schedule.name {name!r} has no optax schedule")
 
 

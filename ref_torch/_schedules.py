@@ -207,6 +207,9 @@ def _make(spec: ScheduleSpec, optimizer: Optimizer, base: list[float]) -> sched.
         return MetricPlateau(optimizer, mode=spec.mode, factor=spec.factor, patience=spec.patience,
                              threshold=spec.threshold, threshold_mode=spec.threshold_mode, cooldown=spec.cooldown,
                              min_lr=spec.min_lr, eps=spec.eps)
+    if name == "tabulated":
+        table, last = list(spec.factors), len(spec.factors) - 1
+        return sched.LambdaLR(optimizer, lambda s: table[min(s, last)])
     if name in ("warmup_cosine", "inverse_sqrt", "wsd", "sequential"):
         return _in_sequence(optimizer, _segments(spec, optimizer, base))
     raise ConfigError(f"schedule.name {name!r} has no torch scheduler")

@@ -115,6 +115,7 @@ MAPPED = [
     ("torch-native", "schedule/cyclic-triangular2-spots", "passed", ""),  # CyclicLR at spots
     ("torch-native", "schedule/chained-linear-cosine", "passed", ""),  # ChainedScheduler
     ("torch-native", "loss/ce-sample-weight", "passed", ""),  # reduction="none" × s
+    ("torch-native", "schedule/sequential-linear-tabulated", "passed", ""),  # SequentialLR([LinearLR, LambdaLR])
     ("torch-native", "optimizer/torch-adam-eps-hat", "unsupported",
      "optimizer.eps_hat = True: torch.optim.Adam has no such argument"),
     ("torch-native", "optimizer/torch-sgd-decoupled", "unsupported",
@@ -130,11 +131,13 @@ MAPPED = [
     ("optax-native", "optimizer/schedulefree-sgd-closed", "unsupported",
      "optimizer.r = 1.0: optax.contrib.schedule_free_sgd has no equivalent"),
     ("optax-native", "schedule/cyclic-triangular2-spots", "unsupported", "optax has no such schedule"),
+    ("optax-native", "schedule/tabulated-two-groups", "unsupported", "optax has no such schedule"),
     ("keras", "optimizer/ema-keras-adam", "passed", ""),  # use_ema=True, ema_momentum
     ("keras", "optimizer/keras-adam-eps-hat", "passed", ""),  # Keras's Adam is eps_hat
     ("keras", "optimizer/keras-adamax-eps-hat", "passed", ""),
     ("keras", "optimizer/keras-nadam", "passed", ""),  # momentum_decay = 1
     ("keras", "loss/ce-sample-weight", "passed", ""),
+    ("keras", "schedule/tabulated-sampled-nanogpt-lambda", "passed", ""),  # PiecewiseConstantDecay
     ("keras", "optimizer/torch-nadam-eps-hat", "unsupported", "optimizer.eps_hat = True: keras.optimizers (nadam)"),
     ("keras", "schedule/plateau-nan-is-bad", "unsupported", "keras.callbacks.ReduceLROnPlateau drives Model.fit"),
 ]

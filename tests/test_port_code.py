@@ -102,6 +102,9 @@ SCHEDULES = {
     "exponential-floor": {"name": "exponential", "gamma": 0.7, "end_factor": 0.2},
     "step-ceiling": {"name": "step", "step_size": 2, "gamma": 1.5, "end_factor": 3.0},
     "linear-from-above": {"name": "linear", "start_factor": 4.0, "end_factor": 1.0, "total_iters": 5},
+    "tabulated": {"name": "tabulated", "factors": [0.2, 1.0, 0.7, 0.35, 0.1]},
+    "sequential-tabulated": {"name": "sequential", "milestones": [3], "schedulers": [
+        {"name": "linear", "start_factor": 0.1, "total_iters": 3}, {"name": "tabulated", "factors": [1.0, 0.5, 0.25]}]},
     "warmup-cosine-from-above": {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 9, "start_factor": 3.0},
 }
 PATHS = {  # clip, accumulation, precision

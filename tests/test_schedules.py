@@ -44,6 +44,7 @@ EXAMPLES: dict[str, dict] = {
         {"name": "linear", "start_factor": 0.25, "total_iters": 3}, {"name": "step", "step_size": 4, "gamma": 0.5}]},
     "cyclic": {"name": "cyclic", "max_lr": 0.3, "step_size_up": 3, "step_size_down": 5, "mode": "triangular2"},
     "reduce_on_plateau": {"name": "reduce_on_plateau", "patience": 1},
+    "tabulated": {"name": "tabulated", "factors": [0.5, 1.0, 0.75, 0.25, 0.1]},
 }
 FROM_OWN_LR = [n for n in SCHEDULE_NAMES if n != "cyclic"]  # cyclic climbs from each group's lr to one max_lr
 TWO_GROUPS = {"name": "sgd", "lr": 0.1, "groups": [{"params": ["head.*"], "lr": 0.02}]}

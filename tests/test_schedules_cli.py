@@ -140,6 +140,11 @@ def test_key_points_of_sequential() -> None:
     assert np.all(np.diff([p for p, _ in schedule_cli.key_points(spec)]) > 0)
 
 
+
+def test_key_points_of_a_table_name_where_it_ends() -> None:
+    spec = load_config({"schedule": {"name": "tabulated", "factors": [0.1, 1.0, 0.5, 0.25]}}).schedule
+    assert schedule_cli.key_points(spec) == [(3, "table ends: x 0.25 held")]
+    assert schedule_cli.key_points(load_config({"schedule": {"name": "tabulated", "factors": [0.5]}}).schedule) == []
 def _write(tmp_path: Path, schedule: str) -> Path:
     path = tmp_path / "peer.toml"
     path.write_text(f'[optimizer]\nname = "sgd"\nlr = 0.1\nmomentum = 0.9\n[schedule]\n{schedule}\n')

@@ -80,6 +80,8 @@ def tables(draw, name: str, length: int, low: float) -> dict:
         return {"name": name, "warmup_steps": w, "decay_steps": d, "total_steps": w + d + draw(n(0, length)),
                 "start_factor": draw(_factor()), "eta_min": eta,
                 "decay_type": draw(st.sampled_from(["linear", "cosine", "1-sqrt"]))}
+    if name == "tabulated":
+        return {"name": name, "factors": draw(st.lists(_f(0.0, 1.0), min_size=1, max_size=min(length, 60)))}
     k = draw(n(1, 3))
     cuts = sorted(draw(st.sets(n(1, 3 * length), min_size=k - 1, max_size=k - 1)))
     parts = [draw(tables(draw(st.sampled_from(PARTS)), length, low)) for _ in range(k)]

@@ -191,3 +191,37 @@ def optax_cases(out: Path, write: Write) -> None:
          "down to the peak", {"name": "warmup_cosine", "warmup_steps": 3, "total_steps": 10, "start_factor": 3.0,
                               "eta_min": 1e-3},
          lambda b: optax.warmup_cosine_decay_schedule(3.0 * b, b, 3, 10, 1e-3), 13)
+
+
+def _nanogpt_ratio(t: int) -> float:
+    """nanoGPT's train.py get_lr(it) over its learning_rate (warmup_iters 4, lr_decay_iters 12,
+    min_lr = lr / 10) as a LambdaLR ratio: the kind of lambda `tabulated` states exactly."""
+    import math
+
+    if t < 4:
+        return (t + 1) / (4 + 1)
+    if t > 12:
+        return 0.1
+    ratio = (t - 4) / (12 - 4)
+    return 0.1 + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1 - 0.1)
+
+
+def tabulated_cases(out: Path, tc: Callable[..., None]) -> None:
+    """`tabulated`: LambdaLR with a lambda that reads the table (held at its last entry), and a
+    nanoGPT-style lambda sampled into a table, expected from LambdaLR with the lambda itself."""
+    table = [0.0, 0.25, 0.5, 1.0, 0.8, 0.6]
+    tc(out, "tabulated-two-groups", "LambdaLR(lambda t: table[min(t, 5)]): each group's lr times the table, "
+       "the last factor held past it", {"name": "tabulated", "factors": table},
+       lambda o: S.LambdaLR(o, lambda t: table[min(t, len(table) - 1)]), 9, groups=(0.03,))
+    tc(out, "tabulated-per-epoch", "per epoch of 3 updates: the table steps once per epoch",
+       {"name": "tabulated", "unit": "epoch", "factors": [1.0, 0.5, 0.125]},
+       lambda o: S.LambdaLR(o, lambda e: [1.0, 0.5, 0.125][min(e, 2)]), 12, upe=3)
+    sampled = [_nanogpt_ratio(t) for t in range(14)]
+    tc(out, "tabulated-sampled-nanogpt-lambda", "nanoGPT's get_lr (warm-up 4, cosine to lr/10 at 12) sampled for 14 "
+       "updates: equal to LambdaLR with the lambda itself over those updates, and after them (it holds min_lr)",
+       {"name": "tabulated", "factors": sampled}, lambda o: S.LambdaLR(o, _nanogpt_ratio), 20)
+    tc(out, "sequential-linear-tabulated", "SequentialLR([LinearLR(0.1, 1, 3), LambdaLR(table)], [3]): the table "
+       "restarts at the milestone", {"name": "sequential", "milestones": [3], "schedulers": [
+           {"name": "linear", "start_factor": 0.1, "total_iters": 3}, {"name": "tabulated", "factors": [1.0, 0.7, 0.3]}]},
+       lambda o: S.SequentialLR(o, [S.LinearLR(o, 0.1, 1.0, 3), S.LambdaLR(o, lambda t: [1.0, 0.7, 0.3][min(t, 2)])],
+                                [3]), 9)

@@ -5,7 +5,7 @@
 
 Expected lrs: torch.optim.lr_scheduler classes (ConstantLR, StepLR, MultiStepLR, ExponentialLR,
 CosineAnnealingLR, LinearLR, PolynomialLR, OneCycleLR, CosineAnnealingWarmRestarts, SequentialLR;
-ChainedScheduler, CyclicLR and ReduceLROnPlateau in tools/_schedule_peer_cases.py, with Keras's
+ChainedScheduler, CyclicLR, ReduceLROnPlateau and LambdaLR for `tabulated` in tools/_schedule_peer_cases.py, with Keras's
 CosineDecayRestarts tests and optax's end values)
 in float64 on torch.optim.SGD (Adam when OneCycleLR cycles beta1), stepped after optimizer.step()
 once per update, or once every updates_per_epoch updates for unit = "epoch"; the cycled momentum is
@@ -34,6 +34,7 @@ from _schedule_peer_cases import (  # noqa: E402
     keras_cases,
     optax_cases,
     plateau_cases,
+    tabulated_cases,
 )
 from _schedule_refs import (  # noqa: E402
     Make,
@@ -266,6 +267,7 @@ def bundled_cases(out: Path) -> None:
        [part("exponential", gamma=0.8)]}, lambda o: S.SequentialLR(o, [S.ExponentialLR(o, 0.8)], []), 6)
     # the peers' own schedulers: ChainedScheduler, CyclicLR, ReduceLROnPlateau, Keras's m_mul tests, optax's end values
     chained_cases(out, tc)
+    tabulated_cases(out, tc)
     cyclic_cases(out, tc)
     plateau_cases(out, tc)
     keras_cases(out, write)

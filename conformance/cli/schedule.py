@@ -135,6 +135,8 @@ def key_points(spec: ScheduleSpec) -> list[tuple[int, str]]:
         period = spec.step_size_up + spec.step_size_down
         for k in range(1000):
             pts += [(k * period + spec.step_size_up, "cycle peak"), ((k + 1) * period, "cycle ends")]
+    elif name == "tabulated":
+        pts = [(len(spec.factors) - 1, f"table ends: x {spec.factors[-1]:g} held")]
     elif name == "chained":
         pts = [(s, f"part {i} ({part.name}): {what}") for i, part in enumerate(spec.schedulers)
                for s, what in key_points(part)]

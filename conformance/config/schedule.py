@@ -55,7 +55,7 @@ __all__ = [  # the check constants live in schedule_checks.py; importable from h
 ScheduleName = Literal[
     "constant", "step", "multistep", "exponential", "cosine", "linear", "polynomial", "onecycle",
     "cosine_restarts", "warmup_cosine", "inverse_sqrt", "wsd", "sequential", "chained", "cyclic",
-    "reduce_on_plateau",
+    "reduce_on_plateau", "tabulated",
 ]
 SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
 
@@ -89,6 +89,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "timescale": ("inverse_sqrt",),
     "decay_steps": ("wsd",), "decay_type": ("wsd",),
     "schedulers": COMPOSITE,
+    "factors": ("tabulated",),
 }
 
 # torch's defaults (OneCycleLR, LinearLR, CyclicLR, ReduceLROnPlateau, ...), Keras's m_mul, and
@@ -127,6 +128,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "sequential": ("schedulers",),
     "chained": ("schedulers",),
     "cyclic": ("max_lr",),
+    "tabulated": ("factors",),
 }
 
 # Optimizers whose torch class cycles `momentum` or `betas[0]` under OneCycleLR / CyclicLR(cycle_momentum).
@@ -173,7 +175,12 @@ class ScheduleSpec(Section):
     one per parameter group in group order (torch's min_lr list). In training it observes `monitor` (val_loss or
     val_accuracy) at every evaluation; in schedule cases `[inputs] metrics` gives the value
     observed after each update. Its state (best, num_bad_epochs, cooldown_counter, every group's
-    lr) is checkpointed."""
+    lr) is checkpointed.
+
+    tabulated: the lr of update t (schedule step s) is each group's base lr times `factors[s]`,
+    the last factor held past the table (torch: LambdaLR with a lambda that reads the table). It
+    states any schedule exactly for as many steps as the table holds: `twinstep port` writes a
+    LambdaLR it cannot read in closed form as one, sampled for a stated number of updates."""
 
     name: ScheduleName = "constant"
     unit: Literal["update", "epoch"] = "update"
@@ -218,6 +225,7 @@ class ScheduleSpec(Section):
     decay_steps: PosInt | None = None
     decay_type: Literal["linear", "cosine", "1-sqrt"] | None = None
     schedulers: list["ScheduleSpec"] | None = None
+    factors: list[NonNegative] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -270,6 +278,8 @@ class ScheduleSpec(Section):
         if self.name == "sequential" and self.schedulers:
             last = self.schedulers[-1].length
             return None if last is None else (self.milestones[-1] if self.milestones else 0) + last
+        if self.name == "tabulated" and self.factors:
+            return len(self.factors) - 1  # the last factor, held from there on
         if self.name == "chained" and self.schedulers:
             lengths = [p.length for p in self.schedulers]
             return None if None in lengths else max(lengths)  # type: ignore[type-var]

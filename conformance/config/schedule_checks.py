@@ -40,7 +40,7 @@ NOT_CHAINABLE = {
     "reduce_on_plateau": "torch's ChainedScheduler refuses ReduceLROnPlateau (its step needs a metric)",
     "chained": "a nested chained schedule multiplies the same factors: list its parts directly",
     **{n: "torch builds it from LambdaLR / SequentialLR, which set the lr from the base lr"
-       for n in (*WARMUP, "sequential")},
+       for n in (*WARMUP, "sequential", "tabulated")},
 }
 
 
@@ -201,7 +201,14 @@ def _check_plateau(s: Any) -> None:
                                   f"when a metric is observed, not per update or epoch")
 
 
+def _check_tabulated(s: Any) -> None:
+    if not s.factors:
+        raise field_error("factors", "must hold at least one factor (the lr of update t is the base lr times "
+                                     "factors[t], the last one held); received []")
+
+
 _CHECKS = {
+    "tabulated": _check_tabulated,
     "multistep": _check_multistep,
     "onecycle": _check_onecycle,
     "warmup_cosine": _check_warmup_cosine,

@@ -212,6 +212,9 @@ def lr_function(spec: ScheduleSpec, b: float) -> Fn:
         return lambda s: b + (spec.max_lr - b) * _cyclic_height(spec, s)
     if name == "reduce_on_plateau":
         return lambda s: np.full(s.shape, b)  # between observations the lr holds (plateau_lrs)
+    if name == "tabulated":
+        table = np.asarray(spec.factors, dtype=np.float64)
+        return lambda s: b * table[np.minimum(np.asarray(s, dtype=np.int64), len(table) - 1)]
     raise ValueError(f"unknown schedule {name!r}")
 
 

@@ -7,7 +7,8 @@ multistep → PiecewiseConstantDecay (a Keras boundary b keeps its value up to s
 milestone m is boundary m − 1); exponential → ExponentialDecay; cosine → CosineDecay(alpha =
 eta_min / lr), which holds the floor past decay_steps; linear and polynomial → PolynomialDecay;
 cosine_restarts → CosineDecayRestarts (with m_mul); warmup_cosine → CosineDecay with
-warmup_target; polynomial's end_factor → PolynomialDecay's end_learning_rate. Keras has no onecycle,
+warmup_target; polynomial's end_factor → PolynomialDecay's end_learning_rate; tabulated →
+PiecewiseConstantDecay with a boundary at every step of the table. Keras has no onecycle,
 inverse_sqrt, wsd, sequential, chained or cyclic schedule, no end value for ExponentialDecay, no
 per-epoch schedules, and ReduceLROnPlateau is a callback of Model.fit, not a schedule.
 """
@@ -58,6 +59,9 @@ def schedule(spec: ScheduleSpec, base: float) -> Any:
         require(spec, "schedule", "convention", ("optax",), "keras CosineDecay (it holds the floor)")
         return S.CosineDecay(base * spec.start_factor, spec.total_steps - spec.warmup_steps,
                              alpha=spec.eta_min / base, warmup_target=base, warmup_steps=spec.warmup_steps)
+    if n == "tabulated":  # boundary k keeps factors[k] up to step k (inclusive); the last held past them
+        values = [base * f for f in spec.factors]
+        return values[0] if len(values) == 1 else S.PiecewiseConstantDecay(list(range(len(values) - 1)), values)
     raise refuse(f"schedule.name = {n!r}", "keras.optimizers.schedules has no such schedule")
 
 

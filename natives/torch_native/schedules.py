@@ -7,8 +7,8 @@ ExponentialLR, cosine → CosineAnnealingLR, linear → LinearLR, polynomial →
 OneCycleLR, cosine_restarts → CosineAnnealingWarmRestarts, warmup_cosine → SequentialLR([LinearLR,
 CosineAnnealingLR]) (torch's own shape past total_steps: `convention` has no torch argument),
 sequential → SequentialLR, chained → ChainedScheduler, cyclic → CyclicLR, reduce_on_plateau →
-ReduceLROnPlateau (stepped with each observed metric). inverse_sqrt and wsd have no class; a value a
-class refuses (LinearLR from 0 or above 1, a nested SequentialLR) is unsupported with torch's
+ReduceLROnPlateau (stepped with each observed metric), tabulated → LambdaLR reading the table.
+inverse_sqrt and wsd have no class; a value a class refuses (LinearLR from 0 or above 1, a nested SequentialLR) is unsupported with torch's
 message, and so are optax's and Keras's options torch has no argument for (`end_factor` on
 exponential, step and polynomial: torch's PolynomialLR ends at 0; `m_mul` on cosine_restarts).
 """
@@ -82,6 +82,9 @@ def _make(spec: ScheduleSpec, opt: torch.optim.Optimizer) -> S.LRScheduler | S.R
     if n == "reduce_on_plateau":
         return S.ReduceLROnPlateau(opt, spec.mode, spec.factor, spec.patience, spec.threshold, spec.threshold_mode,
                                    spec.cooldown, spec.min_lr, spec.eps)
+    if n == "tabulated":
+        table, last = list(spec.factors), len(spec.factors) - 1
+        return S.LambdaLR(opt, lambda s: table[min(s, last)])
     if n in ("warmup_cosine", "sequential"):
         parts, milestones = _flat(spec, opt)
         return parts[0] if len(parts) == 1 else S.SequentialLR(opt, parts, milestones)

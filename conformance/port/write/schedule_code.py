@@ -43,6 +43,8 @@ def _torch_single(s: ScheduleSpec) -> str:
                        f"{s.total_iters}) ** {lit(s.power)}")
     if name == "cosine_restarts" and s.m_mul != 1:
         return _restart_factor(s)
+    if name == "tabulated":  # the table read at the step, its last factor held
+        return _factor(f"{lit(list(s.factors))}[min(s, {len(s.factors) - 1})]")
     if name == "chained":
         parts = ",\n        ".join(_torch_single(p) for p in s.schedulers)
         return f"lr_scheduler.ChainedScheduler([\n        {parts},\n    ], optimizer)"
@@ -310,6 +312,9 @@ def optax_schedule(s: ScheduleSpec, used: set[str], b: str = "b") -> str:
         base = lit(s.base_lr) if s.base_lr is not None else b
         return (f"cyclic({base}, {lit(s.max_lr)}, {s.step_size_up}, {s.step_size_down}, {lit(s.mode)}, "
                 f"{lit(s.gamma)})")
+    if name == "tabulated":  # one gather at the step, clipped to the table: its last factor held
+        return (f"lambda s, t=jnp.asarray({lit(list(s.factors))}): {b} * "
+                f"t[jnp.clip(jnp.asarray(s), 0, {len(s.factors) - 1}).astype(jnp.int32)]")
     if name == "reduce_on_plateau":
         return f"optax.constant_schedule({b})"  # between observations the lr holds; observe() moves it
     raise ValueError(name)
