@@ -146,19 +146,21 @@ def on_backends(config: Config, values: dict[str, np.ndarray], windows: list, po
     return out
 
 
-def native_run(kind: str, schedule: str, updates: int = 10, pre_steps: int = 0, seed: int = 0
+def native_run(kind: str, schedule: str | Callable[[torch.optim.Optimizer], Any], updates: int = 10,
+               pre_steps: int = 0, seed: int = 0, **read: Any
                ) -> tuple[dict[str, Any], int, dict[str, np.ndarray], list, Trace]:
-    """Build a native set-up, step its scheduler `pre_steps` times (no gradients), translate it,
-    then run it natively: (spec sections, position, initial values, stream, native trace)."""
+    """Build a native set-up (`schedule`: a SCHEDULERS name or a maker), step its scheduler
+    `pre_steps` times (no gradients), translate it (from_torch keywords `read`), then run it
+    natively: (spec sections, position, initial values, stream, native trace)."""
     shapes = MATRICES if kind == "muon" else SHAPES
     values = initial(shapes, seed)
     named = parameters(values)
     opt = optimizer(kind, named)
-    scheduler = SCHEDULERS[schedule](opt)
+    scheduler = (SCHEDULERS[schedule] if isinstance(schedule, str) else schedule)(opt)
     for _ in range(pre_steps):
         opt.step()  # no gradients: parameters and optimizer state stay as they are
         scheduler.step()
-    spec = from_torch(opt, scheduler, named)
+    spec = from_torch(opt, scheduler, named, **read)
     windows = gradient_stream(shapes, updates, seed=seed + 1)
     want = run_native_torch(opt, scheduler, named, windows)
     return dict(spec), spec.position, values, windows, want

@@ -89,7 +89,7 @@ def _cycled_start(section: dict[str, Any], schedule: dict[str, Any]) -> None:
 
 
 def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = None, *, scaler: Any = None,
-               clip: Any = None, accumulation: int | None = None) -> Ported:
+               clip: Any = None, accumulation: int | None = None, sample_updates: int | None = None) -> Ported:
     """The spec sections of a torch.optim optimizer and (optionally) its lr_scheduler, exactly.
 
     `named_parameters`: the model (or its named_parameters(), or a {name: tensor} mapping) that
@@ -97,13 +97,18 @@ def from_torch(optimizer: Any, scheduler: Any = None, named_parameters: Any = No
     `[[optimizer.groups]]` entry of glob patterns, the last group the top-level values), unless
     the optimizer was built from named parameters. Returns a `Ported` dict with "optimizer"
     (and "schedule" when a scheduler is given) and `.position`. Anything twinstep cannot express
-    exactly (an unknown class or a subclass that changes the step, a LambdaLR other than transformers'
-    schedule functions, a ChainedScheduler part that does not
-    multiply, a ReduceLROnPlateau that has observed metrics, differentiable = True, a parameter with a gradient outside the optimizer, ...) raises
-    UnsupportedError naming it and why. The rest of the loop (conformance/port/read/torch_loop.py):
+    exactly (an unknown class or a subclass that changes the step, a ChainedScheduler part that
+    does not multiply, a ReduceLROnPlateau that has observed metrics, differentiable = True, a
+    parameter with a gradient outside the optimizer, ...) raises UnsupportedError naming it and why. The rest of the loop (conformance/port/read/torch_loop.py):
     `scaler` a torch.amp.GradScaler -> [precision], `clip` the loop's clip_grad_norm_ /
-    clip_grad_value_ arguments -> [clip], `accumulation` its micro-batches per step -> [accumulation]."""
-    read = read_scheduler(scheduler, optimizer) if scheduler is not None else None
+    clip_grad_value_ arguments -> [clip], `accumulation` its micro-batches per step -> [accumulation].
+    `sample_updates`: the run's updates, over which a LambdaLR / MultiplicativeLR whose lr_lambda is
+    not one of transformers' schedule functions is sampled into a `tabulated` schedule (a warning
+    names the length; without it such a scheduler is refused)."""
+    if sample_updates is not None and (isinstance(sample_updates, bool) or not isinstance(sample_updates, int)
+                                       or sample_updates < 1):
+        raise ConfigError(f"sample_updates must be a whole number of updates >= 1; received {sample_updates!r}")
+    read = read_scheduler(scheduler, optimizer, sample_updates) if scheduler is not None else None
     out = Ported(optimizer=optimizer_section(optimizer, named_parameters, read.lrs if read else None))
     if scaler is not None:
         out["precision"] = precision_section(scaler)

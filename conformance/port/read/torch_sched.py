@@ -9,7 +9,9 @@ lr); CyclicLR becomes `cyclic` (each group's base lr its own lr); ReduceLROnPlat
 `reduce_on_plateau` before it has observed a metric (after, its best metric, counters and reduced
 lrs are state that a [schedule] does not hold). LambdaLR is read when its lr_lambda is one of
 transformers' schedule functions (conformance/port/read/hf_sched.py); another LambdaLR and
-MultiplicativeLR have no closed form twinstep can read.
+MultiplicativeLR have no closed form twinstep can read, and are sampled into a `tabulated` schedule
+(conformance/port/read/torch_lambda.py): a SequentialLR part before a milestone over its own
+updates, any other over the `sample_updates` the caller states.
 """
 
 from __future__ import annotations
@@ -19,14 +21,9 @@ from typing import Any, NamedTuple
 
 from conformance.errors import UnsupportedError
 from conformance.port.read.hf_sched import read_lambda, transformers_function
+from conformance.port.read.torch_lambda import sampled
 
-REFUSED = {
-    "LambdaLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read (it reads "
-                "transformers' get_*_schedule_with_warmup); use the matching lr_scheduler class or write the "
-                "[schedule] section by hand",
-    "MultiplicativeLR": "its lr_lambda is an arbitrary Python function whose mathematics twinstep cannot read",
-    "SWALR": "twinstep has no stochastic weight averaging schedule",
-}
+REFUSED = {"SWALR": "twinstep has no stochastic weight averaging schedule"}
 
 
 class Read(NamedTuple):
@@ -45,7 +42,7 @@ def _class(scheduler: Any) -> str:
     if getattr(lr_scheduler, name, None) is not type(scheduler):
         raise UnsupportedError(f"scheduler class {type(scheduler).__module__}.{type(scheduler).__qualname__} "
                                f"cannot be translated: twinstep reads torch.optim.lr_scheduler's classes")
-    if name in REFUSED and not (name == "LambdaLR" and _transformers(scheduler) is not None):
+    if name in REFUSED:
         raise UnsupportedError(f"{name} cannot be translated: {REFUSED[name]}")
     return name
 
@@ -144,10 +141,13 @@ def _milestones(s: Any) -> list[int]:
     return sorted(int(m) for m in counts)
 
 
-def _single(s: Any, name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
-    """One non-composite scheduler as a schedule table."""
-    if name == "LambdaLR":  # one of transformers' schedule functions (_class refuses any other)
-        return read_lambda(*_transformers(s), [float(g["initial_lr"]) for g in groups])
+def _single(s: Any, name: str, groups: list[dict[str, Any]], sample: int | None = None, ends: bool = False,
+            start: int = 0) -> dict[str, Any]:
+    """One non-composite scheduler as a schedule table (a lambda sampled for `sample` updates)."""
+    if name == "LambdaLR" and _transformers(s) is not None:
+        return read_lambda(*_transformers(s), [float(g["initial_lr"]) for g in groups])  # type: ignore[misc]
+    if name in ("LambdaLR", "MultiplicativeLR"):
+        return sampled(s, name, sample, ends=ends, start=start)
     if name == "ConstantLR":
         return {"name": "constant", "factor": float(s.factor), "total_iters": int(s.total_iters)}
     if name == "StepLR":
@@ -186,8 +186,9 @@ def _warmup_cosine(parts: list[dict[str, Any]], milestones: list[int]) -> dict[s
             "start_factor": warm["start_factor"], "eta_min": cos["eta_min"], "convention": "torch"}
 
 
-def _sequential(s: Any, groups: list[dict[str, Any]], base: list[float]) -> dict[str, Any]:
+def _sequential(s: Any, groups: list[dict[str, Any]], base: list[float], sample: int | None) -> dict[str, Any]:
     parts = []
+    milestones = [int(m) for m in s._milestones]
     for i, child in enumerate(s._schedulers):
         name = _class(child)
         if name in ("SequentialLR", "ChainedScheduler", "OneCycleLR", "CyclicLR", "ReduceLROnPlateau"):
@@ -196,8 +197,12 @@ def _sequential(s: Any, groups: list[dict[str, Any]], base: list[float]) -> dict
                                    f"restart them at a milestone)")
         if [float(b) for b in child.base_lrs] != base:
             raise UnsupportedError(f"SequentialLR part {i} starts from other base lrs {child.base_lrs} than {base}")
-        parts.append(_single(child, name, groups))
-    milestones = [int(m) for m in s._milestones]
+        start, ends = ([0, *milestones][i], i < len(milestones))
+        length = milestones[i] - start if ends else None if sample is None else sample - start
+        if length is not None and length < 1:
+            raise UnsupportedError(f"sample_updates = {sample} ends before SequentialLR part {i} starts at update "
+                                   f"{start}: state the updates of the whole run")
+        parts.append(_single(child, name, groups, length, ends, start))
     return _warmup_cosine(parts, milestones) or {"name": "sequential", "milestones": milestones,
                                                   "schedulers": parts}
 
@@ -217,11 +222,11 @@ def _base_lrs(scheduler: Any, name: str, groups: list[dict[str, Any]]) -> list[f
 CHAINABLE = ("ConstantLR", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR", "PolynomialLR")
 
 
-def _chained(scheduler: Any, optimizer: Any) -> Read:
+def _chained(scheduler: Any, optimizer: Any, sample_updates: int | None) -> Read:
     """ChainedScheduler: every part a factor of the current lr (conformance/config/schedule_checks.py)."""
     parts = list(scheduler._schedulers)
     if len(parts) == 1:  # one part: that scheduler itself
-        inner = read_scheduler(parts[0], optimizer)
+        inner = read_scheduler(parts[0], optimizer, sample_updates)
         return Read(inner.schedule, inner.lrs, int(parts[0].last_epoch))
     groups, base = optimizer.param_groups, [float(b) for b in parts[0].base_lrs]
     tables, positions = [], set()
@@ -240,18 +245,26 @@ def _chained(scheduler: Any, optimizer: Any) -> Read:
     return Read({"name": "chained", "schedulers": tables}, base, positions.pop())
 
 
-def read_scheduler(scheduler: Any, optimizer: Any) -> Read:
-    """Translate `scheduler` (built on `optimizer`), see the module docstring."""
+def read_scheduler(scheduler: Any, optimizer: Any, sample_updates: int | None = None) -> Read:
+    """Translate `scheduler` (built on `optimizer`), see the module docstring; `sample_updates`: the
+    updates of the run, over which an arbitrary lr_lambda is sampled."""
     name = _class(scheduler)
     if getattr(scheduler, "optimizer", None) is not optimizer:
         raise UnsupportedError(f"the {name} was built on another optimizer than the one given")
     groups = optimizer.param_groups
     if name == "ChainedScheduler":
-        return _chained(scheduler, optimizer)
+        return _chained(scheduler, optimizer, sample_updates)
     base = _base_lrs(scheduler, name, groups)
     if name == "SequentialLR":
-        schedule = _sequential(scheduler, groups, base)
+        schedule = _sequential(scheduler, groups, base, sample_updates)
     else:
-        schedule = _single(scheduler, name, groups)
+        schedule = _single(scheduler, name, groups, sample_updates)
     position = 0 if name == "ReduceLROnPlateau" else _int(scheduler.last_epoch, f"{name}.last_epoch")
+    if sample_updates is not None and position >= sample_updates and _tabulated(schedule):
+        raise UnsupportedError(f"sample_updates = {sample_updates} does not reach the scheduler's position, update "
+                               f"{position}: the table counts from update 0, so state the updates of the whole run")
     return Read(schedule, base, position)
+
+
+def _tabulated(schedule: dict[str, Any]) -> bool:
+    return schedule["name"] == "tabulated" or any(p["name"] == "tabulated" for p in schedule.get("schedulers", []))
