@@ -40,6 +40,22 @@ def _classes_last(x: Any) -> Any:
     return x if x.ndim == 1 else jnp.moveaxis(x, 1, -1)
 
 
+def _abs(e: Any) -> Any:
+    """|e| as e·sign(e), the same value bit for bit, whose gradient is sign(e): 0 at e = 0, as torch's
+    l1_loss; jnp.abs's is 1 there (L-L1-ZERO)."""
+    return e * jnp.sign(e)
+
+
+def _huber(x: Any, y: Any, delta: float) -> Any:
+    """optax.losses.huber_loss's value, bit for bit, 0.5·q² + δ·(|e| − q) with q = min(|e|, δ), with
+    its linear part written as 0 inside the quadratic region: optax's |e| − q sends the gradient
+    q + δ − δ back to |e|, which loses q where |e| < u·δ (0 at e = 1e-80: L-HUBER-GRAD). The
+    gradient is torch's clamp(e, −δ, δ), δ·sign(e) at the knee too."""
+    a = jnp.abs(x - y)
+    q = jnp.where(a <= delta, a, delta)  # not minimum: its gradient at a = δ is split in half
+    return 0.5 * q**2 + delta * jnp.where(a > delta, a - delta, 0.0)
+
+
 def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None) -> tuple[Any, Any]:
     """(ℓ, c): the element-wise loss and the count weight of each element (see module docstring)."""
     name = spec.name
@@ -87,12 +103,12 @@ def elementwise(spec: LossSpec, prediction: Any, target: Any, weight: Any = None
     elif name == "mse":
         ell = optax.losses.squared_error(x, y)  # not l2_loss: that is 0.5 * squared_error
     elif name == "l1":
-        ell = jnp.abs(x - y)
+        ell = _abs(x - y)
     elif name == "huber":
-        ell = optax.losses.huber_loss(x, y, delta=spec.delta)
+        ell = _huber(x, y, spec.delta)
     elif name == "smooth_l1":
         # torch's SmoothL1 is Huber / beta; beta = 0 is L1 (optax's huber(0) would return 0)
-        ell = jnp.abs(x - y) if spec.beta == 0 else optax.losses.huber_loss(x, y, delta=spec.beta) / spec.beta
+        ell = _abs(x - y) if spec.beta == 0 else _huber(x, y, spec.beta) / spec.beta
     else:
         if spec.log_target:
             ell = jnp.exp(y) * (y - x)

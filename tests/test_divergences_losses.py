@@ -227,3 +227,40 @@ def test_torchvisions_focal_loses_every_digit_at_saturated_logits() -> None:
             assert np.isnan(got["grad"]).any(), c.id
     want = _torch_value_grad(lambda a: _torchvision_focal(a, torch.tensor([1.0, 1.0]), 0.25, 0.5), np.array([40.0, 3.0]))
     assert np.isnan(want[1][0]) and np.isfinite(want[1][1])
+
+
+def _torch_grad(loss, e: float, **kw) -> float:
+    x = torch.tensor([e], dtype=torch.float64, requires_grad=True)
+    loss(x, torch.zeros(1, dtype=torch.float64), **kw).backward()
+    return float(x.grad[0])
+
+
+def test_optax_huber_gradient_loses_small_residuals() -> None:
+    """L-HUBER-GRAD: optax.huber_loss's |e| − min(|e|, δ) sends q + δ − δ back to |e|: the gradient
+    is 0 at e = 1e-80 and off by u·δ at any e inside δ; torch's huber_loss backward is clamp(e, −δ, δ)."""
+    slope = jax.grad(lambda e: optax.losses.huber_loss(e, 0.0, delta=1.0))
+    assert float(slope(1e-80)) == 0.0 and _torch_grad(F.huber_loss, 1e-80) == 1e-80
+    assert float(slope(1e-3)) != 1e-3 and _torch_grad(F.huber_loss, 1e-3) == 1e-3  # (1e-3 + 1) − 1
+    assert float(slope(1.0)) == 1.0 and float(slope(2.5)) == 1.0  # exact at the knee and outside
+    from ref_jax.losses import _huber  # the twin's form: the same values, torch's gradient
+
+    assert float(jax.grad(lambda e: _huber(e, 0.0, 1.0))(1e-80)) == 1e-80
+
+
+def test_jax_abs_gradient_at_zero_is_one() -> None:
+    """L-L1-ZERO: jnp.abs's derivative at 0 is 1 (so an l1 gradient at a zero residual); torch's
+    l1_loss (and sign) give 0. The twin writes |e| as e·sign(e): the same values, slope 0 at 0."""
+    assert float(jax.grad(jnp.abs)(0.0)) == 1.0 and _torch_grad(F.l1_loss, 0.0) == 0.0
+    from ref_jax.losses import _abs
+
+    assert float(jax.grad(_abs)(0.0)) == 0.0
+
+
+def test_eager_jax_on_the_cpu_flushes_subnormals() -> None:
+    """L-FTZ: eager JAX operations on the CPU flush subnormal inputs and results to 0 (x·1 = 0 for
+    x = 1e-310, 1e-160·1e-160 = 0); the same operations under jit, torch and NumPy keep them."""
+    tiny = jnp.asarray([5e-324, 1e-310])
+    assert np.asarray(tiny * 1.0).tolist() == [0.0, 0.0]
+    assert np.asarray(jax.jit(lambda a: a * 1.0)(tiny)).tolist() == [5e-324, 1e-310]
+    assert float(jnp.asarray(1e-160) * jnp.asarray(1e-160)) == 0.0
+    assert (torch.tensor([5e-324, 1e-310], dtype=torch.float64) * 1.0).tolist() == [5e-324, 1e-310]

@@ -10,6 +10,9 @@ formula (tests/test_oracle_edges.py checks the oracle with them; gen_loss_edge_c
   softmax(x) − onehot(y), at DIGITS plus the digits a dominant class's log Σ exp cancels.
 - `bce_with_logits`: torch's BCEWithLogitsLoss, (1 − y)·x − (1 + (pw − 1)·y)·log σ(x), as written, with
   the digits that x − log σ(x) ≈ e^x cancels at x ≪ 0; its derivative the same way.
+- `regression` (mse, l1, huber, smooth_l1) in exact rational arithmetic; `kl_div` and
+  `cross_entropy_row` (probabilities, label smoothing, class weights, z-loss) with mpmath, each
+  with the size of the terms a float evaluation combines (the bound where they cancel).
 """
 
 from __future__ import annotations
@@ -53,3 +56,73 @@ def cross_entropy(x: list[float], y: int) -> tuple[Any, list[Any]]:
         total = mp.fsum(mp.exp(v) for v in xs)
         probs = [mp.exp(v) / total for v in xs]
         return mp.log(total) - xs[y], [p - (1 if c == y else 0) for c, p in enumerate(probs)]
+
+
+# --- the other losses: value, gradient and the size of the terms a float evaluation combines ---------
+# A float64 evaluation that adds or subtracts terms t_i, each within a few ulps, is off by at most a
+# few u·Σ|t_i| (u = 2^−53): relative to the value where the terms do not cancel, and where they do
+# (mse's x − y, kl_div at p = e^x, a softmax gradient at p_k ≈ q_k, log Z ≈ 0) that much absolutely,
+# however good the formula. `scale` is Σ|t_i| for the value and for each gradient entry.
+
+
+def regression(name: str, x: float, y: float, param: float = 1.0) -> tuple[Any, Any, Any, Any]:
+    """mse, l1, huber (δ = param) or smooth_l1 (β = param) in exact rational arithmetic: (value,
+    gradient in x, their scales). At e = x − y = 0, l1's and smooth_l1's (β = 0) slope is torch's 0."""
+    from fractions import Fraction
+
+    e = Fraction(x) - Fraction(y)
+    a, sign = abs(e), (e > 0) - (e < 0)
+    p = Fraction(param)
+    if name == "mse":
+        value, slope = e * e, 2 * e
+    elif name == "l1" or (name == "smooth_l1" and p == 0):
+        value, slope = a, Fraction(sign)
+    elif name == "huber":
+        value, slope = (e * e / 2, e) if a <= p else (p * (a - p / 2), p * sign)
+    else:
+        value, slope = (e * e / (2 * p), e / p) if a < p else (a - p / 2, Fraction(sign))
+    # x − y is rounded once: relative u of |e|, which every formula above carries at most twice
+    return value, slope, abs(value), abs(slope)
+
+
+def kl_div(x: float, y: float, log_target: bool) -> tuple[Any, Any, Any, Any]:
+    """torch's kl_div element p·(log p − x), p = y (0·log 0 = 0) or e^y, and its gradient −p."""
+    with mp.workdps(DIGITS):
+        xm, ym = mp.mpf(x), mp.mpf(y)
+        if log_target:
+            p = mp.exp(ym)
+            return p * (ym - xm), -p, p * (abs(ym) + abs(xm)), p
+        if ym == 0:
+            return mp.mpf(0), mp.mpf(0), mp.mpf(0), mp.mpf(0)
+        lp = mp.log(ym)
+        return ym * (lp - xm), -ym, abs(ym * lp) + abs(ym * xm), ym
+
+
+def cross_entropy_row(x: list[float], target: int | list[float], smoothing: float = 0.0,
+                      weight: list[float] | None = None, z: float = 0.0) -> tuple[Any, list[Any], Any, list[Any]]:
+    """One row of torch's cross_entropy (a class index or probabilities, label smoothing, class
+    weights) plus z·c·(log Z)², c the row's count weight (w_y for a weighted index, else 1):
+    ℓ = −Σ_c w_c q'_c log p_c with q' = (1 − ε)·q + ε/C (q one-hot for an index), and its gradient
+    p_k·Σ_c w_c q'_c − w_k q'_k + 2zc·log Z·p_k."""
+    n = len(x)
+    spread = max(x) - min(x)
+    with mp.workdps(DIGITS + int(spread / 2.302585) + 1):
+        xs = [mp.mpf(v) for v in x]
+        w = [mp.mpf(1)] * n if weight is None else [mp.mpf(v) for v in weight]
+        q = [mp.mpf(int(c == target)) for c in range(n)] if isinstance(target, int) else [mp.mpf(v) for v in target]
+        qs = [(1 - mp.mpf(smoothing)) * qc + mp.mpf(smoothing) / n for qc in q]
+        top = max(xs)
+        log_rest = mp.log(mp.fsum(mp.exp(v - top) for v in xs))
+        log_z = top + log_rest
+        logp = [v - log_z for v in xs]
+        p = [mp.exp(v) for v in logp]
+        c = w[target] if isinstance(target, int) and weight is not None else mp.mpf(1)
+        terms = [-w[k] * qs[k] * logp[k] for k in range(n)]
+        value = mp.fsum(terms) + z * c * log_z**2
+        # log Z = top + log Σ e^(x − top) is off by u·(|top| + |log Σ|): the z term's share of the scale
+        z_size = 2 * z * c * (abs(log_z) + abs(top) + abs(log_rest))
+        scale = mp.fsum(abs(t) for t in terms) + z * c * log_z**2 + z_size * abs(log_z)
+        wq = mp.fsum(w[k] * qs[k] for k in range(n))
+        grad = [p[k] * wq - w[k] * qs[k] + 2 * z * c * log_z * p[k] for k in range(n)]
+        grad_scale = [p[k] * abs(wq) + abs(w[k] * qs[k]) + p[k] * z_size for k in range(n)]
+        return value, grad, scale, grad_scale

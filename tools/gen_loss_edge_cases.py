@@ -1,4 +1,5 @@
-"""Write loss cases at the edges of floating point, with expected values from mathematics (mpmath).
+"""Write loss cases at the edges of floating point, with expected values from mathematics (mpmath, or
+exact rational arithmetic for l1 / huber / smooth_l1 at tiny and zero residuals).
 
     python tools/gen_loss_edge_cases.py [OUT_DIR]      # default: conformance/cases/loss/edges
 
@@ -19,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import mpmath as mp
-import numpy as np
 
 from conformance import tomlio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
-from _mp_refs import DIGITS, sigmoid_focal  # noqa: E402
+from _mp_refs import DIGITS, regression, sigmoid_focal  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "loss" / "edges"
 SOURCE = (f"mpmath {mp.__version__} at {DIGITS} digits: torchvision.ops.sigmoid_focal_loss's mathematics "
@@ -49,6 +49,33 @@ FOCAL = [  # (name, dtype, gamma, alpha, logits, targets, what it shows)
      "float32 from |x| ≈ 17 on: 1 − p_t by subtraction rounds to 0 there, which a literal formula turns "
      "into a 0 value and a NaN gradient"),
 ]
+
+
+EXACT = ("exact rational arithmetic on the float64 inputs, rounded once: torch's l1_loss / huber_loss / "
+         "smooth_l1_loss as mathematics, torch's slope 0 at a zero residual (tools/_mp_refs.py regression)")
+REGRESSION = [  # (name, loss, parameter, predictions, targets, what it shows)
+    ("l1-zero-residual", "l1", 1.0, [0.5, 2.0, -1.0, 3.0, 0.0], [0.5, 1.0, -1.0, 3.5, 0.0],
+     "residuals of exactly 0 have slope 0 (torch's sign(0)); jnp.abs's derivative there is 1 (L-L1-ZERO)"),
+    ("huber-tiny-residuals", "huber", 1.0, [1e-80, 1e-17, 0.5, 1.0, 3.0, -2.0], [0.0] * 6,
+     "slope e inside δ down to e = 1e-80, δ·sign(e) at the knee: optax's huber_loss gradient q + δ − δ "
+     "loses e below u·δ (L-HUBER-GRAD)"),
+    ("smooth-l1-tiny-residuals", "smooth_l1", 0.5, [1e-80, 1e-17, 0.25, 0.5, 2.0], [0.0] * 5,
+     "slope e/β inside β = 0.5 down to e = 1e-80, 1 at the knee (L-HUBER-GRAD through huber / β)"),
+]
+
+
+def regression_case(name: str, loss: str, param: float, x: list[float], y: list[float], what: str) -> dict[str, Any]:
+    values, grads = zip(*((float(v), float(g)) for v, g, _, _ in (regression(loss, a, b, param) for a, b in zip(x, y))))
+    extra = {"huber": {"delta": param}, "smooth_l1": {"beta": param}}.get(loss, {})
+    return {
+        "id": f"loss/{name}", "kind": "loss", "source": EXACT,
+        "description": f"{what}. rtol 1e-15 (x − y and e²/2 each rounded once: 2u), atol 0: each value compared "
+                       f"relatively, a 0 exactly",
+        "loss": {"name": loss, "reduction": "none", **extra},
+        "inputs": {"prediction": _column(x), "target": _column(y)},
+        "expected": {"value": _column(values), "grad": _column(grads)},
+        "tolerance": {"atol": 0.0, "rtol": 1e-15},
+    }
 
 
 def bound(dtype: str, gamma: float, logits: list[float]) -> float:
@@ -87,7 +114,9 @@ def main(out: Path) -> None:
         if body["dtype"] == "float64":
             body.pop("dtype")
         (out / f"{name}.toml").write_text(tomlio.dumps(body))
-    print(f"wrote {len(FOCAL)} cases to {out}")
+    for name, *rest in REGRESSION:
+        (out / f"{name}.toml").write_text(tomlio.dumps(regression_case(name, *rest)))
+    print(f"wrote {len(FOCAL) + len(REGRESSION)} cases to {out}")
 
 
 if __name__ == "__main__":
