@@ -174,7 +174,11 @@ def test_a_toml_file_with_other_sections_becomes_a_whole_config(tmp_path) -> Non
     ({"rmsprop": {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}}, UnsupportedError, "nesterov"),
     ({"adam": {"learning_rate": 0.1, "beta1": 0.9}}, ConfigError, r"optax.adam.beta1 is not an argument of optax.adam"),
     ({"adam": {"b1": 0.9}}, ConfigError, "optax.adam.learning_rate is required"),
-    ({"adam": {"learning_rate": 0.1, "mu_dtype": "bfloat16"}}, UnsupportedError, "mu_dtype"),
+    ({"adam": {"learning_rate": 0.1, "mu_dtype": "bfloat16"}}, UnsupportedError,
+     r"optax.adam.mu_dtype = 'bfloat16': optax would keep that state in bfloat16; .* master dtype float32 "
+     r"\(O-STATE-DTYPE\)"),
+    ({"sgd": {"learning_rate": 0.1, "momentum": 0.9, "accumulator_dtype": "jnp.float16"}}, UnsupportedError,
+     "accumulator_dtype = 'jnp.float16'"),
     ({"chain": [{"add_decayed_weights": {"weight_decay": 0.1}}, {"clip_by_global_norm": {"max_norm": 1.0}},
                 {"sgd": {"learning_rate": 0.1}}]}, UnsupportedError, "clips g \\+ weight_decay"),
     ({"MultiSteps": {"opt": {"sgd": {"learning_rate": 0.1}}, "every_k_schedule": 2, "use_grad_mean": False}},
@@ -238,3 +242,21 @@ def test_inject_hyperparams_arguments_and_the_refused_names_are_optax_s() -> Non
     assert all(params[k].default == v for k, v in INJECT.items())
     assert all(callable(getattr(optax, n, None) or getattr(optax.contrib, n, None)) for n in REFUSED)
 
+
+
+def test_state_dtypes_read_when_they_name_the_master_dtype() -> None:
+    """O-STATE-DTYPE: mu_dtype / accumulator_dtype equal to the master dtype change nothing and read
+    as if unset; optax keeps another (bfloat16) in that dtype, which twinstep's state never is."""
+    import jax.numpy as jnp
+    import optax
+
+    plain = from_optax({"optax": {"adam": {"learning_rate": 0.1}}})
+    assert from_optax({"optax": {"adam": {"learning_rate": 0.1, "mu_dtype": "float32"}}}) == plain
+    sgd = {"optax": {"sgd": {"learning_rate": 0.1, "momentum": 0.9, "accumulator_dtype": "jnp.float64"}},
+           "precision": {"dtype": "float64"}}
+    assert from_optax(sgd)["optimizer"]["momentum"] == 0.9
+    with pytest.raises(UnsupportedError, match="master dtype float64"):
+        from_optax({**sgd, "precision": {"dtype": "float64"}, "optax": {"adam": {"learning_rate": 0.1,
+                                                                               "mu_dtype": "float32"}}})
+    state = optax.adam(0.1, mu_dtype=jnp.bfloat16).init({"w": jnp.zeros(3, jnp.float32)})
+    assert state[0].mu["w"].dtype == jnp.bfloat16 and state[0].nu["w"].dtype == jnp.float32

@@ -25,7 +25,7 @@ from typing import Any
 
 from conformance.errors import ConfigError, UnsupportedError
 from conformance.port.read.from_torch import validated
-from conformance.port.read.optax_desc import Block, read
+from conformance.port.read.optax_desc import DTYPE_ARGS, Block, read
 from conformance.port.read.optax_sched import schedule
 
 CORES = ("scale_by_adam", "scale_by_amsgrad", "scale_by_rms", "scale_by_stddev", "scale_by_rss",
@@ -251,11 +251,27 @@ def _load(description: Any) -> dict[str, Any]:
     return data
 
 
+def _state_dtypes(bs: list[Block], precision: Mapping[str, Any]) -> None:
+    """optax's mu_dtype / accumulator_dtype name the dtype a state tensor is kept in; twinstep keeps
+    every state tensor in the master dtype ([precision] param_dtype: float64 for float64 runs, else
+    float32), so the description reads only when they name that dtype (O-STATE-DTYPE)."""
+    master = "float64" if precision.get("dtype") == "float64" else "float32"
+    for b in bs:
+        for key in DTYPE_ARGS:
+            value = b.args.get(key)
+            name = None if value is None else str(value).removeprefix("jax.numpy.").removeprefix("jnp.")
+            if name is not None and name != master:
+                raise UnsupportedError(f"{b.where}.{key} = {value!r}: optax would keep that state in {name}; "
+                                       f"twinstep keeps optimizer state in the master dtype {master} "
+                                       f"(O-STATE-DTYPE): leave it unset or write {master!r}")
+
+
 def from_optax(description: Any) -> dict[str, Any]:
     """The spec sections (optimizer, schedule, clip, accumulation; other twinstep sections of the
     file pass through) of an optax-flavoured description, keeping optax's semantics exactly."""
     data = _load(description)
     bs, multi, no_decay = read(data["optax"])
+    _state_dtypes(bs, data.get("precision") or {})
     fields, clip, lr, lr_where = optimizer(bs)
     base, sched = schedule(lr, lr_where)
     out: dict[str, Any] = {k: v for k, v in data.items() if k != "optax"}

@@ -82,7 +82,7 @@ REFUSED = {
             "write the spec's muon with [optimizer.fallback] instead",
 }
 INJECT = {"static_args": (), "hyperparam_dtype": None}  # optax.inject_hyperparams(inner, ...)'s own arguments
-DTYPE_ARGS = ("mu_dtype", "accumulator_dtype")
+DTYPE_ARGS = ("mu_dtype", "accumulator_dtype")  # optimizer state dtypes: from_optax checks them (O-STATE-DTYPE)
 
 
 class Block(NamedTuple):
@@ -166,12 +166,7 @@ def blocks(tx: Any, where: str) -> list[Block]:
         raise UnsupportedError(f"{at}: twinstep reads the optax transforms chain, {', '.join(TRANSFORMS)}")
     if name == "MultiSteps":
         raise ConfigError(f"{at}: MultiSteps must wrap the whole description ([optax.MultiSteps] with opt = ...)")
-    a = arguments(name, args, at, TRANSFORMS)
-    for key in DTYPE_ARGS:
-        if a.get(key) is not None:
-            raise UnsupportedError(f"{at}.{key} = {a[key]!r}: state dtypes follow the parameters in twinstep "
-                                   f"([precision]); leave it unset")
-    return _alias(name, a, at)
+    return _alias(name, arguments(name, args, at, TRANSFORMS), at)
 
 
 def read(description: Mapping[str, Any], where: str = "optax") -> tuple[list[Block], dict[str, Any], list[str] | None]:
