@@ -317,6 +317,9 @@ def lion_update(g, s: LionState, p, hp, cfg):
     g, p = decay(g, p, hp, cfg, True)
     b1, b2 = hp["betas"]
     direction = jnp.sign(s.m * coef(b1, g) + coef(1 - b1, g) * g)
+    if cfg.get("cautious"):  # C-Optim, pytorch-optimizer's apply_cautious: per tensor
+        mask = (direction * g > 0).astype(g.dtype)
+        direction = direction * (mask * (mask.size / (jnp.sum(mask) + 1)))
     m = s.m * coef(b2, g) + coef(1 - b2, g) * g
     return p + coef(-hp["lr"], p) * direction, LionState(s.step + 1, m)
 

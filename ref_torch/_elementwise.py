@@ -125,18 +125,19 @@ class DecoupledAdamax(DecoupledDecay, torch.optim.Adamax):
 
 class Lion(Foreach):
     """Lion (Chen et al. 2023) as lucidrains/lion-pytorch and optax.lion compute it:
-    p ← p·(1 − lr·wd); p ← p − lr·sign(β1·m + (1−β1)·g); m ← β2·m + (1−β2)·g."""
+    p ← p·(1 − lr·wd); p ← p − lr·sign(β1·m + (1−β1)·g); m ← β2·m + (1−β2)·g; with `cautious`,
+    pytorch-optimizer's Lion(cautious=True): the update masked where it disagrees with g."""
 
     STATE = ("exp_avg",)
 
     def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, *, maximize: bool = False) -> None:
+                 weight_decay: float = 0.0, *, maximize: bool = False, cautious: bool = False) -> None:
         if not lr >= 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"Invalid betas: {betas}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay,
-                                  "maximize": maximize})
+                                  "maximize": maximize, "cautious": cautious})
 
     def _update(self, group, params, grads, states):
         b1, b2 = group["betas"]
@@ -145,6 +146,10 @@ class Lion(Foreach):
         direction = torch._foreach_mul(m, b1)
         torch._foreach_add_(direction, grads, alpha=1 - b1)
         torch._foreach_sign_(direction)
+        if group.get("cautious"):  # C-Optim, pytorch-optimizer's apply_cautious: per tensor
+            for u, g in zip(direction, grads):
+                mask = (u * g > 0).to(g.dtype)
+                u.mul_(mask.mul_(mask.numel() / (mask.sum() + 1)))
         torch._foreach_add_(params, direction, alpha=-group["lr"])
         torch._foreach_mul_(m, b2)
         torch._foreach_add_(m, grads, alpha=1 - b2)

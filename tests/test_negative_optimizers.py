@@ -69,6 +69,23 @@ def _decay_without_lr(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(oracle, "update", update)
 
 
+def _cautious_without_plus_one(mp: pytest.MonkeyPatch) -> None:
+    real = oracle.update
+
+    def update(opt: str, hp: dict, p: np.ndarray, g: np.ndarray, s: dict, dtype: str = "float64"):
+        if opt != "lion" or not hp["cautious"]:
+            return real(opt, hp, p, g, s, dtype)
+        b1, b2 = hp["betas"]
+        p = p * (1 - hp["lr"] * hp["weight_decay"])
+        g = -g if hp["maximize"] else g
+        u = np.sign(b1 * s["m"] + (1 - b1) * g)
+        m = (u * g > 0).astype(np.float64)
+        u = u * m * (m.size / max(m.sum(), 1.0))
+        return p - hp["lr"] * u, {**s, "m": b2 * s["m"] + (1 - b2) * g}
+
+    mp.setattr(oracle, "update", update)
+
+
 def _groups_ignored(mp: pytest.MonkeyPatch) -> None:
     real = oracle.resolve_groups
 
@@ -103,6 +120,11 @@ MUTANTS: dict[str, tuple[Any, list[str]]] = {
                                                           ["optimizer/torch-nadam-open"]),
     "lion with optax's default weight decay 1e-3": (_hp("lion", lambda o, hp: {**hp, "weight_decay": hp["weight_decay"] or 1e-3}),
                                                     ["optimizer/optax-lion-open"]),
+    "lion's cautious mask dropped": (_hp("lion", _set(cautious=False)),
+                                     ["optimizer/pytorch-optimizer-lion-cautious-open",
+                                      "optimizer/pytorch-optimizer-lion-cautious-closed"]),
+    "lion's cautious mask scaled by n/Σm (without pytorch-optimizer's + 1)": (
+        _cautious_without_plus_one, ["optimizer/pytorch-optimizer-lion-cautious-open"]),
     "muon without nesterov": (_hp("muon", lambda o, hp: {**hp, "nesterov": not hp["nesterov"]}), ["optimizer/torch-muon-open"]),
     "group hyper-parameters ignored": (_groups_ignored, ["optimizer/seed-param-groups", "optimizer/torch-sgd-groups"]),
     "no_weight_decay ignored": (_groups_ignored, ["optimizer/seed-no-decay-bias"]),

@@ -59,12 +59,13 @@ def test_defaults_are_torch_defaults(name: str) -> None:
 
 def test_lion_defaults_are_lucidrains() -> None:
     assert spec_of({"name": "lion"}).overrides() == {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0,
-                                                     "maximize": False}
+                                                     "maximize": False, "cautious": False}
 
 
 @pytest.mark.parametrize(("table", "message"), [
     ({"name": "sgd", "betas": [0.9, 0.99]}, "optimizer.betas is only used when name is adam"),
     ({"name": "sgd", "nesterov": True}, "optimizer.nesterov needs momentum > 0 and dampening = 0"),
+    ({"name": "adamw", "cautious": True}, "optimizer.cautious is only used when name is lion"),
     ({"name": "sgd", "momentum": 0.9, "dampening": 0.1, "nesterov": True}, "optimizer.nesterov needs"),
     ({"name": "adam", "betas": [0.9, 1.0]}, "optimizer.betas[1] must be in [0, 1); received 1.0"),
     ({"name": "adam", "lr": -1.0}, "optimizer.lr must be >= 0; received -1.0"),

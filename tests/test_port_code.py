@@ -65,6 +65,7 @@ OPTIMIZERS = {
     "adamw-eps-hat-amsgrad": {"name": "adamw", "lr": 0.01, "eps": 0.1, "eps_hat": True, "amsgrad": True},
     "schedule-free-adamw": {"name": "schedule_free_adamw", "lr": 0.01, "warmup_steps": 3, "weight_decay": 0.1},
     "schedule-free-sgd": {"name": "schedule_free_sgd", "lr": 0.1, "warmup_steps": 2, "weight_lr_power": 1.0},
+    "lion-cautious": {"name": "lion", "lr": 0.01, "weight_decay": 0.1, "cautious": True, "maximize": True},
     "ademamix": {"name": "ademamix", "lr": 0.01, "alpha": 5.0, "beta3": 0.999, "weight_decay": 0.1},
     "ademamix-warmups": {"name": "ademamix", "lr": 0.01, "alpha": 5.0, "alpha_warmup": 3, "beta3_warmup": 4,
                          "groups": [{"params": ["*.bias"], "alpha": 1.0, "beta3_warmup": 2}]},

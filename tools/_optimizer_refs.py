@@ -3,7 +3,8 @@
 `run_torch` steps torch.optim built-ins in float64 (torch.set_default_dtype(float64), so that NAdam's
 mu_product is float64 too); `run_optax` steps optax's own optimizers under jax x64, for what torch has
 no built-in for (Lion, eps_root, optax's AMSGrad, Adagrad and RMSprop with eps inside the square root,
-optax.nadam); `run_schedulefree` steps the schedulefree package's AdamWScheduleFree / SGDScheduleFree
+optax.nadam); `run_pytorch_optimizer` steps pytorch-optimizer's Lion (cautious updates);
+`run_schedulefree` steps the schedulefree package's AdamWScheduleFree / SGDScheduleFree
 in train mode (the parameters are its y). All return the parameters and the state under the neutral
 names of docs/contract.md §4 after every update.
 
@@ -66,7 +67,8 @@ def _groups(spec: dict[str, Any], names: list[str]) -> list[tuple[dict[str, Any]
 NO_DECOUPLED = ("sgd", "rmsprop", "adagrad", "adamax")  # torch classes without decoupled_weight_decay
 
 
-def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter]) -> list[torch.optim.Optimizer]:
+def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter],
+                     classes: dict[str, Any] = TORCH) -> list[torch.optim.Optimizer]:
     names = list(named)
     if spec["name"] != "muon":
         groups = [{"params": [named[n] for n in ns], **o} for o, ns in _groups(spec, names)]
@@ -78,7 +80,7 @@ def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter])
             for g in groups:  # run_torch decays before the step; torch's own decay is off
                 g["decoupled"] = g.pop("weight_decay", kwargs.get("weight_decay", 0.0))
                 g["weight_decay"] = 0.0
-        return [TORCH[spec["name"]](groups, **kwargs)]
+        return [classes[spec["name"]](groups, **kwargs)]
     fb = spec.get("fallback", {"name": "adamw"})
     forced = set(spec.get("fallback_params", []))
     muon_names = [n for n in names if named[n].ndim == 2 and n not in forced]
@@ -89,10 +91,10 @@ def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter])
 
 
 def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None, objective: dict | None,
-              steps: int | None) -> tuple[list[dict], list[dict]]:
+              steps: int | None, classes: dict[str, Any] = TORCH) -> tuple[list[dict], list[dict]]:
     torch.set_default_dtype(torch.float64)
     named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
-    opts = torch_optimizers(spec, named)
+    opts = torch_optimizers(spec, named, classes)
     counts = {k: 0 for k in named}
     out_p, out_s = [], []
     for k in range(len(grads) if grads is not None else steps):
@@ -131,6 +133,15 @@ def _decay_and_eps(spec: dict[str, Any], opt: torch.optim.Optimizer, t: int) -> 
             if spec.get("eps_hat") and spec["name"] in ("adam", "adamw", "nadam"):
                 g.setdefault("eps_hat_base", g["eps"])
                 g["eps"] = g["eps_hat_base"] / (1 - g["betas"][1] ** t) ** 0.5
+
+
+def run_pytorch_optimizer(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,
+                          objective: dict | None, steps: int | None) -> tuple[list[dict], list[dict]]:
+    """pytorch-optimizer 4.1.0's Lion (cautious=True: its apply_cautious) in float64, stepped as
+    run_torch steps torch.optim's classes."""
+    from pytorch_optimizer import Lion
+
+    return run_torch(spec, params, grads, objective, steps, classes={"lion": Lion})
 
 
 def run_schedulefree(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
 from _keras_refs import run_keras  # noqa: E402
 from _optimizer_peer_cases import keras_quoted, torch_ema, wave2  # noqa: E402
-from _optimizer_refs import TORCH, run_optax, run_schedulefree, run_torch  # noqa: E402
+from _optimizer_refs import TORCH, run_optax, run_pytorch_optimizer, run_schedulefree, run_torch  # noqa: E402
 
 from conformance import tomlio  # noqa: E402
 
@@ -42,9 +42,11 @@ def _arr(x: Any) -> Any:
     return np.asarray(x, np.float64).tolist()
 
 
-REFERENCES = {"torch": run_torch, "optax": run_optax, "keras": run_keras, "schedulefree": run_schedulefree}
+REFERENCES = {"torch": run_torch, "optax": run_optax, "keras": run_keras, "schedulefree": run_schedulefree,
+              "pytorch_optimizer": run_pytorch_optimizer}
 NAMES = {"torch": "torch.optim", "optax": "optax", "keras": "Keras 3 (JAX backend)",
-         "schedulefree": "schedulefree (train mode: the parameters are y)"}
+         "schedulefree": "schedulefree (train mode: the parameters are y)",
+         "pytorch_optimizer": "pytorch-optimizer 4.1.0"}
 
 
 def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], params: dict[str, Any],
@@ -244,6 +246,16 @@ def bundled() -> list[dict[str, Any]]:
     add("optax-ademamix-beta1-zero", {"name": "ademamix", "lr": 0.02, "betas": [0.0, 0.99], "beta3": 0.99,
                                       "beta3_warmup": 3, "eps": 1e-6}, "objective", reference="optax", n=5,
         note="beta1 = 0: the beta3 warm-up starts from f(0 + 1e-8)")
+    # cautious updates (C-Optim): pytorch-optimizer's Lion(cautious=True); last, so that the random draws above stay
+    po = {"reference": "pytorch_optimizer"}
+    add("pytorch-optimizer-lion-cautious-open", {"name": "lion", "lr": 0.01, "cautious": True}, "open", n=5, **po,
+        note="Lion(cautious=True): the sign update zeroed where it disagrees with g, the rest scaled by n/(Σm + 1)")
+    add("pytorch-optimizer-lion-cautious-closed", {"name": "lion", "lr": 0.1, "weight_decay": 0.1, "cautious": True,
+                                                   "maximize": True}, "objective", n=6, **po,
+        note="maximize (the mask reads the negated g) and decoupled decay, which is not masked")
+    add("pytorch-optimizer-lion-cautious-groups", {"name": "lion", "lr": 0.02, "betas": [0.8, 0.95], "cautious": True,
+                                                   "groups": [{"params": ["head.*"], "lr": 0.05, "cautious": False}]},
+        "groups", n=5, **po, note="a group without the mask")
     for c in cases:
         c.pop("path")
         if c["reference"] == "optax" and c["spec"]["name"] in ("rmsprop", "nadam"):

@@ -35,6 +35,10 @@ Semantics that torch.optim cannot express are explicit extra fields, implemented
   nadam: ε is added to the raw √v and the bias correction moves into the step size,
   α = lr·√(1−β2ᵗ)/(1−β1ᵗ), p ← p − α·m/(√v + ε) (= torch's placement with ε/√(1−β2ᵗ)); adamax:
   u ← max(β2·u, |g|), p ← p − lr/(1−β1ᵗ)·m/(u + ε) (ε outside the max). Not with eps_root.
+- `cautious` (lion): cautious updates (Liang et al. 2024, C-Optim) as pytorch-optimizer 4.1.0's
+  `cautious=True` computes them: the update u is masked where it disagrees in sign with the
+  gradient, per parameter tensor of n entries, u ← u·m·n/(Σm + 1) with m = [u·g > 0] (g after
+  maximize's negation), before p ← p − lr·u; the decoupled decay is not masked.
 
 Schedule-free optimizers (facebookresearch `schedulefree`, its constructor names and defaults):
 `schedule_free_adamw` (AdamWScheduleFree: lr 0.0025, betas, eps, weight_decay, warmup_steps, r,
@@ -102,7 +106,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True, "eps_hat": False},
     "radam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0,
               "decoupled_weight_decay": False, "maximize": False},
-    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
+    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False, "cautious": False},
     "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": ("auto", 1e-3), "d": 1.0,
                   "weight_decay": 0.0, "maximize": False},
     "muon": {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
@@ -180,6 +184,7 @@ class _Hyper(Section):
     beta3: UnitHalfOpen | None = None
     beta3_warmup: IntIn(0) | None = None
     alpha_warmup: IntIn(0) | None = None
+    cautious: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -26,6 +26,7 @@ optimizer with decoupled_weight_decay) is p ← p·(1 − lr·wd) before the ste
              ρ_t > 5: r = √((ρ_t−4)(ρ_t−2)ρ∞ / ((ρ∞−4)(ρ∞−2)ρ_t)), p ← p − lr·m̂·r·√(1−β2ᵗ)/(√v + ε);
              else p ← p − lr·m̂
     lion     p ← p·(1 − lr·wd);  p ← p − lr·sign(β1·m + (1−β1)·g);  m ← β2·m + (1−β2)·g
+             (cautious: u = sign(...) becomes u·c·n/(Σc + 1), c = [u·g > 0], n = entries)
     ademamix (apple/ml-ademamix)  α_t = α·(t/T_α) for t < T_α, else α;  β3_t = f⁻¹((1−a)·f(β1) + a·f(β3))
              with a = t/T_β3 for t < T_β3, else β3, f(β) = ln ½ / ln(β + 10⁻⁸) − 1 (the EMA's half-life
              in updates, minus 1), f⁻¹(h) = ½^(1/(h+1));  m ← β1·m + (1−β1)·g;
@@ -145,7 +146,11 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
         return _muon(hp, p, g, s), s
     if optimizer == "lion":
         b1, b2 = hp["betas"]
-        p = p - lr * np.sign(b1 * s["m"] + (1 - b1) * g)
+        u = np.sign(b1 * s["m"] + (1 - b1) * g)
+        if hp["cautious"]:  # C-Optim: zero where u disagrees with g, the rest scaled by n/(Σm + 1)
+            m = (u * g > 0).astype(np.float64)
+            u = u * (m * (m.size / (m.sum() + 1)))
+        p = p - lr * u
         s["m"] = b2 * s["m"] + (1 - b2) * g
         return p, s
     if optimizer == "rmsprop":

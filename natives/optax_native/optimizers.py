@@ -55,6 +55,7 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
     b1, b2 = hp.get("betas", (0.9, 0.999))
     eps = hp.get("eps")
     _refuse_extra(hp, "eps_hat", False, f"optax.{name} (its eps is added to the bias-corrected root)")
+    _refuse_extra(hp, "cautious", False, f"optax.{name} (no cautious masking)")
     coupled = 0.0  # torch's L2 weight decay: add_decayed_weights in front of the alias
     if hp.get("decoupled_weight_decay") and name in DECOUPLED_CORE:
         return _maximize(hp, optax.chain(*DECOUPLED_CORE[name](hp), optax.add_decayed_weights(wd),

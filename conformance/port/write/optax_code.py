@@ -96,7 +96,11 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
         use(parts.COUNT, parts.RADAM)
         out.append(f"torch_radam({b1}, {b2}, {lit(hp['eps'])})")
     elif name == "lion":
-        out.append(f"optax.scale_by_lion(b1={b1}, b2={b2})")
+        core = f"optax.scale_by_lion(b1={b1}, b2={b2})"
+        if hp["cautious"]:  # the mask reads the gradient the chain received (negated by maximize)
+            use(parts.CAUTIOUS)
+            core = f"cautious({core})"
+        out.append(core)
     elif name == "ademamix":
         b3, alpha = lit(hp["beta3"]), lit(hp["alpha"])
         if hp["beta3_warmup"] or hp["alpha_warmup"]:

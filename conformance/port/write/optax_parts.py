@@ -1,9 +1,23 @@
 """Source text of the custom optax transforms a snippet writes out where optax's own math differs
 from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Keras's eps_hat, Adagrad with
 eps outside the root, NAdam's momentum schedule, RAdam, Adafactor, Muon, clip_grad_norm_'s eps,
-the schedule-free warm-up and AdEMAMix's warm-ups."""
+the schedule-free warm-up, AdEMAMix's warm-ups and cautious updates."""
 
 from __future__ import annotations
+
+CAUTIOUS = '''
+def cautious(inner):
+    """Cautious updates (C-Optim) as pytorch-optimizer's apply_cautious: the inner transform's
+    update zeroed where it disagrees in sign with the gradient, the rest scaled by n / (Σmask + 1),
+    per tensor; the inner state unchanged."""
+    def update(g, state, params=None):
+        u, state = inner.update(g, state, params)
+        def mask(u, x):
+            m = (u * x > 0).astype(u.dtype)
+            return u * (m * (m.size / (jnp.sum(m) + 1)))
+        return jax.tree.map(mask, u, g), state
+    return optax.GradientTransformation(inner.init, update)
+'''
 
 COUNT = '''
 def _count_state(params, *names, fill=0.0):
