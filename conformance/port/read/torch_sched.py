@@ -144,8 +144,9 @@ def _milestones(s: Any) -> list[int]:
 def _single(s: Any, name: str, groups: list[dict[str, Any]], sample: int | None = None, ends: bool = False,
             start: int = 0) -> dict[str, Any]:
     """One non-composite scheduler as a schedule table (a lambda sampled for `sample` updates)."""
-    if name == "LambdaLR" and _transformers(s) is not None:
-        return read_lambda(*_transformers(s), [float(g["initial_lr"]) for g in groups])  # type: ignore[misc]
+    hf = _transformers(s) if name == "LambdaLR" else None
+    if hf is not None:
+        return read_lambda(*hf, [float(g["initial_lr"]) for g in groups])
     if name in ("LambdaLR", "MultiplicativeLR"):
         return sampled(s, name, sample, ends=ends, start=start)
     if name == "ConstantLR":
