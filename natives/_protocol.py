@@ -71,5 +71,9 @@ def check_update_config(config: Any, position: int) -> None:
         raise refuse(f"position = {position}", "a native update path starts at update 0")
     if config.accumulation.steps != 1:
         raise refuse(f"accumulation.steps = {config.accumulation.steps}", "one micro-batch per update only")
+    if config.schedule.hyper:
+        raise refuse(f"schedule.hyper ({', '.join(config.schedule.hyper)})",
+                     "the native update paths schedule the lr only (torch's lr_scheduler and Keras's schedules "
+                     "drive the lr alone; optax's inject_hyperparams is not mapped)")
     if config.precision.dynamic_scaling:
         raise refuse("precision: dynamic loss scaling", "not mapped on the native update path")

@@ -31,7 +31,7 @@ ReduceLROnPlateau rule when one is observed (docs/divergences.md S-PLATEAU: not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -272,6 +272,19 @@ def build_scheduler(spec: ScheduleSpec, base_lrs: Sequence[float], updates_per_e
         cycle = _counted(lambda s: hi - (hi - lo) * height(s), updates_per_epoch)  # inverse to the lr
         momentum = tuple(cycle for _ in lr)
     return GroupSchedules(lr, momentum)
+
+
+def build_hyper(spec: ScheduleSpec, bases: Mapping[str, Sequence[float | None]],
+                updates_per_epoch: int = 1) -> dict[str, tuple[Schedule | None, ...]]:
+    """[schedule.hyper]'s schedules for every param group whose optimizer reads the key, each from
+    the group's own value as the lr schedule is from its lr, advanced with the lr (the same
+    position; held with it on skipped updates). Without schedule.hyper: the lr's alone."""
+    # JAX: {key: one schedule per group (None where the group does not read the key)} from `bases`
+    # (conformance.rules.schedules.hyper_bases), fed the count of updates that advanced the lr;
+    # empty without schedule.hyper.
+    return {key: tuple(None if b is None else _counted(lr_schedule(spec.hyper[key], b), updates_per_epoch)
+                       for b in values)  # type: ignore[index]
+            for key, values in bases.items()}
 
 
 class PlateauState(NamedTuple):

@@ -107,7 +107,7 @@ def build(config: Config, info: DataInfo, place: Placement, updates_per_epoch: i
 
 def schedule_tables(config: Config, updates_per_epoch: int, planned: int) -> dict[str, np.ndarray]:
     """The schedule at every position 0 .. planned-1 ({"lr": [planned, groups], "momentum" when
-    onecycle cycles momentum or beta1}): the optax schedules evaluated in float64 (as torch computes
+    onecycle cycles momentum or beta1, "hyper.<key>" for [schedule.hyper]}): the optax schedules evaluated in float64 (as torch computes
     its lr in double precision), then rounded to the parameter dtype."""
     per_epoch = updates_per_epoch if config.schedule.unit == "epoch" else 1
     with jax.enable_x64(True):
@@ -116,6 +116,8 @@ def schedule_tables(config: Config, updates_per_epoch: int, planned: int) -> dic
     tables = {"lr": np.asarray(values["lr"]).astype(dtype)}
     if values["momentum"] is not None:
         tables["momentum"] = np.asarray(values["momentum"]).astype(dtype)
+    for key, table in values["hyper"].items():  # [schedule.hyper]: NaN in the groups that do not read the key
+        tables[f"hyper.{key}"] = np.asarray(table).astype(dtype)
     return tables
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from conformance.config import Config
 from conformance.data.user import SAMPLE_MASK
-from conformance.rules.schedules import cycled_hyperparameter
+from conformance.rules.schedules import cycled_hyperparameter, hyper_bases, hyper_field
 from ref_jax._parallel import Placement
 from ref_jax._update import DeviceInfo, UpdateSpecs, UpdateState, make_update_step
 from ref_jax._window import WindowLayout, masked_loss
@@ -114,6 +114,12 @@ def _hyperparams(config: Config, tables: dict[str, Any], opt_state: Any, positio
                 groups[g]["momentum"] = m
             else:  # beta1: betas[0] cycles, betas[1] stays
                 groups[g]["betas"] = (m, opt_state.hyperparams[g]["betas"][1])
+    for key, bases in hyper_bases(config.schedule, config.optimizer).items():
+        values = tables[f"hyper.{key}"][position]
+        for g, base in enumerate(bases):
+            if base is not None:  # the groups that read the key (static: the config's)
+                field, value = hyper_field(key, {**opt_state.hyperparams[g], **groups[g]}, values[g])
+                groups[g][field] = value
     return groups, lrs
 
 
@@ -121,8 +127,8 @@ def make_train_step(config: Config, apply: Callable[..., Any], policy: Policy, t
                     place: Placement, loss_fn: UserLoss = None) -> Callable[..., tuple[TrainState, StepOutput]]:
     """The jitted, donating train step step(state, window, t, tables, root_key) -> (state, StepOutput).
 
-    `tables` holds the schedule's values at every position ({"lr": [positions, groups], and
-    "momentum" when onecycle cycles it}), computed once in float64 and rounded to the parameter
+    `tables` holds the schedule's values at every position ({"lr": [positions, groups],
+    "momentum" when onecycle cycles it, "hyper.<key>" for [schedule.hyper]}), computed once in float64 and rounded to the parameter
     dtype, as torch applies its double-precision lr: a float32 run never evaluates cos() near its
     end in float32 (measured 1e-6 relative error there). `loss_fn`: a user's, instead of [loss]."""
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)

@@ -27,9 +27,10 @@ from conformance.rules.schedules import (
     check_metrics,
     check_schedule,
     cycled_hyperparameter,
+    hyper_bases,
     spots,
 )
-from ref_jax._schedules import PlateauState, build_scheduler, plateau_init, plateau_step
+from ref_jax._schedules import PlateauState, build_hyper, build_scheduler, plateau_init, plateau_step
 
 _CHUNK = 512  # updates evaluated per call
 
@@ -42,7 +43,8 @@ def schedule_values(
 ) -> dict[str, Any]:
     """The values updates t = 0..steps-1 apply (or only the updates listed in `at`, strictly
     increasing): {"lr": (rows, groups) float64 array, "momentum": (rows, groups) array of the
-    cycled momentum or beta1, or None, "momentum_name": "momentum" | "beta1" | None}. `optimizer`
+    cycled momentum or beta1, or None, "momentum_name": "momentum" | "beta1" | None, "hyper": {key:
+    (rows, groups) array, NaN where the group does not read the key} for [schedule.hyper]}. `optimizer`
     is the OptimizerSpec: it gives each group's base lr, in the order of
     conformance.rules.groups.group_base_lrs, and which hyperparameter onecycle / cyclic cycle.
     `metrics` (reduce_on_plateau only): the value observed after each update t = 0..steps-1."""
@@ -51,20 +53,24 @@ def schedule_values(
     rows = spots(steps, at)
     name = cycled_hyperparameter(schedule, optimizer)
     base = group_base_lrs(optimizer)
+    hyper = build_hyper(schedule, hyper_bases(schedule, optimizer), updates_per_epoch)
     if schedule.name == "reduce_on_plateau":
-        return {"lr": _plateau_table(schedule, base, observed, steps)[rows], "momentum": None, "momentum_name": None}
+        return {"lr": _plateau_table(schedule, base, observed, steps)[rows], "momentum": None, "momentum_name": None,
+                "hyper": {key: _table(fns, rows) for key, fns in hyper.items()}}
     built = build_scheduler(schedule, base, updates_per_epoch)
+    momentum = None if built.momentum is None else _table(built.momentum, rows)
+    return {"lr": _table(built.lr, rows), "momentum": momentum, "momentum_name": name,
+            "hyper": {key: _table(fns, rows) for key, fns in hyper.items()}}
+
+
+def _table(fns: tuple, rows: np.ndarray) -> np.ndarray:
+    """Each schedule at the updates `rows`, one column per schedule (NaN for None: not read)."""
     padded = np.concatenate([rows, np.full(-len(rows) % _CHUNK, rows[-1])])
+    # int32 counts, as optax's; fixed-size chunks let every case reuse the compiled ops
     chunks = [jnp.asarray(padded[i:i + _CHUNK], dtype=jnp.int32) for i in range(0, len(padded), _CHUNK)]
-
-    def table(fns: tuple) -> np.ndarray:
-        # int32 counts, as optax's; fixed-size chunks let every case reuse the compiled ops
-        cols = [np.concatenate([np.broadcast_to(np.asarray(fn(c), np.float64), (_CHUNK,)) for c in chunks])
-                for fn in fns]
-        return np.stack(cols, axis=1)[:len(rows)]
-
-    momentum = None if built.momentum is None else table(built.momentum)
-    return {"lr": table(built.lr), "momentum": momentum, "momentum_name": name}
+    cols = [np.full(len(padded), np.nan) if fn is None else
+            np.concatenate([np.broadcast_to(np.asarray(fn(c), np.float64), (_CHUNK,)) for c in chunks]) for fn in fns]
+    return np.stack(cols, axis=1)[:len(rows)]
 
 
 def _plateau_table(schedule: ScheduleSpec, base: list[float], metrics: Any, steps: int) -> np.ndarray:

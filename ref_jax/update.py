@@ -21,9 +21,9 @@ import numpy as np
 
 from conformance.config import Config
 from conformance.rules.groups import group_base_lrs, resolve_groups
-from conformance.rules.schedules import cycled_hyperparameter
+from conformance.rules.schedules import cycled_hyperparameter, hyper_bases, hyper_field
 from conformance.rules.windows import check_window
-from ref_jax._schedules import build_scheduler
+from ref_jax._schedules import build_hyper, build_scheduler
 from ref_jax._update import UpdateSpecs, UpdateState, finish_update, make_update_step
 from ref_jax._window import stack_window
 from ref_jax.backend import framework_dtype
@@ -55,6 +55,7 @@ def _run(config: Config, params: Mapping[str, np.ndarray], windows: Sequence[Seq
     tx = build_optimizer(config.optimizer, p)
     built = build_scheduler(config.schedule, group_base_lrs(config.optimizer), updates_per_epoch)
     cycled = cycled_hyperparameter(config.schedule, config.optimizer)
+    scheduled = build_hyper(config.schedule, hyper_bases(config.schedule, config.optimizer), updates_per_epoch)
     prec = config.precision
     specs = UpdateSpecs(config.accumulation, config.clip, prec)
 
@@ -73,6 +74,12 @@ def _run(config: Config, params: Mapping[str, np.ndarray], windows: Sequence[Seq
             m = jnp.asarray(float(fn(at)), dt)
             hyper[g]["momentum" if cycled == "momentum" else "betas"] = m if cycled == "momentum" else (
                 m, state.opt_state.hyperparams[g]["betas"][1])
+        for key, fns in scheduled.items():
+            for g, fn in enumerate(fns):
+                if fn is not None:
+                    field, value = hyper_field(key, {**state.opt_state.hyperparams[g], **hyper[g]},
+                                               jnp.asarray(float(fn(at)), dt))
+                    hyper[g][field] = value
         counts = [mb["count"] for mb in window]
         check_window(config.accumulation, len(window), counts)  # the torch loop checks it too
         batches = [{"g": {k: np.asarray(v, dt) for k, v in mb["g"].items()}, "count": np.asarray(mb["count"], dt),

@@ -34,7 +34,7 @@ from torch.optim import lr_scheduler as sched
 from conformance.config.schedule import ScheduleSpec
 from conformance.errors import ConfigError, InputError
 from conformance.rules.plateau import Plateau
-from conformance.rules.schedules import start_lrs
+from conformance.rules.schedules import hyper_field, hyper_value, start_lrs
 
 # Keys a previous scheduler leaves in param groups; a rebuilt scheduler must not inherit them.
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
@@ -284,6 +284,54 @@ def build_scheduler(
         for _ in range(start):
             scheduler.step()
     return scheduler
+
+
+class HyperSchedules:
+    """The lr scheduler and [schedule.hyper]'s schedules, stepped together (`step()`): each key's
+    values ride on a stand-in optimizer's lrs, moved by the torch scheduler of its own spec, and
+    are written into every param group that reads the key (torch has no scheduler for other
+    hyper-parameters; a training loop sets param_group[key] itself, as modded-nanogpt does)."""
+
+    def __init__(self, scheduler: Any, optimizer: Optimizer, spec: ScheduleSpec, updates_per_epoch: int,
+                 start: int) -> None:
+        self.scheduler, self.optimizer = scheduler, optimizer
+        self.parts: list[tuple[str, Any, Optimizer, list[bool]]] = []
+        for key, part in (spec.hyper or {}).items():
+            bases = [None if (v := hyper_value(key, g)) is None else float(v) for g in optimizer.param_groups]
+            stand_in = torch.optim.SGD([{"params": [torch.zeros(1)], "lr": 0.0 if b is None else b} for b in bases])
+            self.parts.append((key, build_scheduler(part, stand_in, updates_per_epoch, start=start), stand_in,
+                               [b is not None for b in bases]))
+        self._write()
+
+    def step(self) -> None:
+        """Advance the lr and every hyper-parameter by one update and set the groups' values."""
+        self.scheduler.step()
+        with warnings.catch_warnings():
+            # a stand-in optimizer never steps: its scheduler carries values only
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+            for _, scheduler, _, _ in self.parts:
+                scheduler.step()
+        self._write()
+
+    def _write(self) -> None:
+        for key, _, stand_in, reads in self.parts:
+            for group, shadow, read in zip(self.optimizer.param_groups, stand_in.param_groups, reads, strict=True):
+                if read:
+                    field, value = hyper_field(key, group, float(shadow["lr"]))
+                    group[field] = value
+
+
+def build_hyper(spec: ScheduleSpec, optimizer: Optimizer, scheduler: Any, updates_per_epoch: int = 1,
+                start: int = 0) -> Any:
+    """[schedule.hyper]'s schedules for every param group whose optimizer reads the key, each from
+    the group's own value as the lr schedule is from its lr, advanced with the lr (the same
+    position; held with it on skipped updates). Without schedule.hyper: the lr's alone."""
+    # torch: the object to step after every update, `scheduler` itself when nothing else is
+    # scheduled, else a HyperSchedules around it; `optimizer` as build_optimizer made it (its groups
+    # hold the spec's values), `start` = t as in build_scheduler.
+    if not spec.hyper:
+        return scheduler
+    return HyperSchedules(scheduler, optimizer, spec, updates_per_epoch, start)
 
 
 def plateau_neutral(scheduler: MetricPlateau) -> Plateau:

@@ -30,7 +30,7 @@ from conformance.run.session import Run
 from ref_torch import _fsdp, _model, _sync_bn, _train_state
 from ref_torch import _parallel as ddp
 from ref_torch import _runtime as rt
-from ref_torch._schedules import MetricPlateau, build_scheduler, plateau_neutral
+from ref_torch._schedules import MetricPlateau, build_hyper, build_scheduler, plateau_neutral
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.backend import framework_dtype
 from ref_torch.ema import init_ema, update_ema
@@ -70,6 +70,8 @@ class Steps:
             if run.metrics is not None:
                 run.metrics.note(note)
         self.scheduler = build_scheduler(config.schedule, self.optimizer, per_epoch, start=run.counters.schedule_t)
+        # stepped after each update: the lr's scheduler, with [schedule.hyper]'s when there are any
+        self.stepped = build_hyper(config.schedule, self.optimizer, self.scheduler, per_epoch, run.counters.schedule_t)
         forward = rt.maybe_compile(wrapped, config)
         self.skips = init_skip_state()
         if run.checkpoint is not None:
@@ -97,7 +99,7 @@ class Steps:
         loss_fn = self.plain if run.world_size == 1 and run.events is None and not inject else \
             _loss_fn(config, self.batch_loss, run, inject, t, self.loss_fn, self.device)
         to_train_point(optimizer, params)  # schedule-free: the update's gradient point y from x (else nothing)
-        self.skips, info = apply_update(self.specs, params, optimizer, self.scheduler, self.objs.scaler, self.skips,
+        self.skips, info = apply_update(self.specs, params, optimizer, self.stepped, self.objs.scaler, self.skips,
                                         loss_fn, batches, counts, update=t, world=self.world)
         if self.objs.ema is not None and not info.skipped:
             update_ema(config.ema, self.objs.ema, params, ema_due(config.ema, t))

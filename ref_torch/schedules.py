@@ -15,6 +15,8 @@ asked for. Closed forms: conformance/oracle/schedules.py.
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from conformance.rules.schedules import (
     check_metrics,
     check_schedule,
     cycled_hyperparameter,
+    hyper_bases,
     spots,
 )
 from ref_torch._schedules import build_scheduler
@@ -39,7 +42,8 @@ def schedule_values(
 ) -> dict[str, Any]:
     """The values updates t = 0..steps-1 apply (or only the updates listed in `at`, strictly
     increasing): {"lr": (rows, groups) float64 array, "momentum": (rows, groups) array of the
-    cycled momentum or beta1, or None, "momentum_name": "momentum" | "beta1" | None}. `optimizer`
+    cycled momentum or beta1, or None, "momentum_name": "momentum" | "beta1" | None, "hyper": {key:
+    (rows, groups) array, NaN where the group does not read the key} for [schedule.hyper]}. `optimizer`
     is the OptimizerSpec: it gives each group's base lr, in the order of
     conformance.rules.groups.group_base_lrs, and which hyperparameter onecycle / cyclic cycle.
     `metrics` (reduce_on_plateau only): the value observed after each update t = 0..steps-1."""
@@ -66,4 +70,21 @@ def schedule_values(
             scheduler.step()  # ReduceLROnPlateau: a no-op; it moves on the metric below
             if observed is not None:
                 scheduler.step(float(observed[t]))  # the metric observed after update t
-    return {"lr": lr[rows], "momentum": None if momentum is None else momentum[rows], "momentum_name": name}
+    return {"lr": lr[rows], "momentum": None if momentum is None else momentum[rows], "momentum_name": name,
+            "hyper": {key: _hyper_column(schedule.hyper[key], bases, last + 1, updates_per_epoch)[rows]  # type: ignore[index]
+                      for key, bases in hyper_bases(schedule, optimizer).items()}}
+
+
+def _hyper_column(spec: ScheduleSpec, bases: list[float | None], n: int, updates_per_epoch: int) -> np.ndarray:
+    """A hyper-parameter's values at updates 0..n-1: its scheduler stepped on a stand-in optimizer
+    whose lrs carry them (as ref_torch._schedules.HyperSchedules does), NaN where a group does not read it."""
+    opt = torch.optim.SGD([{"params": [torch.zeros(1, dtype=torch.float64)], "lr": 0.0 if b is None else b}
+                           for b in bases])
+    scheduler = build_scheduler(spec, opt, updates_per_epoch)
+    out = np.empty((n, len(bases)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        for t in range(n):
+            out[t] = [np.nan if b is None else float(g["lr"]) for g, b in zip(opt.param_groups, bases)]
+            scheduler.step()
+    return out

@@ -20,7 +20,7 @@ import torch
 
 from conformance.config import Config
 from conformance.rules.groups import resolve_groups
-from ref_torch._schedules import build_scheduler
+from ref_torch._schedules import build_hyper, build_scheduler
 from ref_torch._update import UpdateSpecs, apply_update
 from ref_torch.losses import LossOutput
 from ref_torch.optimizers import build_optimizer
@@ -43,6 +43,7 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
     groups = resolve_groups(config.optimizer, {k: np.shape(v) for k, v in params.items()})
     optimizer = build_optimizer(config.optimizer, named.items())
     scheduler = build_scheduler(config.schedule, optimizer, updates_per_epoch, start=position)
+    scheduler = build_hyper(config.schedule, optimizer, scheduler, updates_per_epoch, start=position)
     scaler, skips = LossScaler(config.precision), init_skip_state()
     specs = UpdateSpecs(config.accumulation, config.clip, config.precision)
 

@@ -36,6 +36,7 @@ from conformance import tomlio  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "optimizer" / "update"
 Clip = Callable[[list[torch.nn.Parameter]], Any] | None
+Hyper = Callable[[list[torch.optim.Optimizer], int], None] | None
 
 SCALAR = {"theta": ()}
 OPEN = {"w": (2, 3), "b": (3,)}
@@ -43,21 +44,27 @@ NAMED = {"enc.weight": (2, 2), "enc.bias": (2,), "head.weight": (2, 2), "head.bi
 
 
 def native_trajectory(spec: dict[str, Any], make_schedule: Callable[[torch.optim.Optimizer], Any] | None,
-                      clip: Clip, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]) -> list[dict]:
-    """The parameters after each update of torch's own objects, in float64."""
+                      clip: Clip, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]],
+                      hyper: Hyper = None) -> list[dict]:
+    """The parameters after each update of torch's own objects, in float64. `hyper(optimizers, t)`
+    sets param_group values before update t's step, as a training loop does by hand (muon: the
+    Muon optimizer, then its fallback)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
-        (opt,) = torch_optimizers(spec, named)
-        scheduler = make_schedule(opt) if make_schedule is not None else None
+        opts = torch_optimizers(spec, named)
+        scheduler = make_schedule(opts[0]) if make_schedule is not None else None
         out = []
-        for g in grads:
+        for t, g in enumerate(grads):
             for name, p in named.items():
                 p.grad = torch.tensor(np.asarray(g[name], np.float64))
             if clip is not None:
                 clip(list(named.values()))
-            opt.step()
+            if hyper is not None:
+                hyper(opts, t)
+            for opt in opts:
+                opt.step()
             if scheduler is not None:
                 scheduler.step()
             out.append({k: p.detach().numpy().copy() for k, p in named.items()})
@@ -137,7 +144,61 @@ def bundled() -> list[dict[str, Any]]:
              "the norm rule sees the clamped gradients",
              tables={"optimizer": {"name": "adam", "lr": 0.05}, "clip": {"clip_value": 0.4, "max_norm": 0.6}},
              sched=None, clip=lambda ps: (value(ps, 0.4), norm(ps, 0.6)), shapes=OPEN, n=4, scale=3.0),
+        # [schedule.hyper]: hyper-parameters set by hand before each step, as the recipes' loops do
+        dict(id="torch-sgd-momentum-warmup", note="SGD(nesterov) whose momentum warms up as modded-nanogpt's "
+             "Muon momentum does (frac = min(t / 3, 1); momentum = (1 − frac)·0.85 + frac·0.95, set in "
+             "param_groups before step t)",
+             tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.95, "nesterov": True},
+                     "schedule": {"name": "constant", "hyper": {"momentum": {
+                         "name": "linear", "start_factor": 0.85 / 0.95, "end_factor": 1.0, "total_iters": 3}}}},
+             sched=None, clip=None, hyper=_momentum_warmup(3), shapes=OPEN, n=6),
+        dict(id="torch-muon-momentum-warmup", note="torch.optim.Muon (AdamW for the vector) with modded-nanogpt's "
+             "momentum warm-up over 3 updates set in Muon's param_groups before each step",
+             tables={"optimizer": {"name": "muon", "lr": 0.02, "momentum": 0.95},
+                     "schedule": {"name": "constant", "hyper": {"momentum": {
+                         "name": "linear", "start_factor": 0.85 / 0.95, "end_factor": 1.0, "total_iters": 3}}}},
+             sched=None, clip=None, hyper=_momentum_warmup(3), shapes={"w": (3, 4), "b": (4,)}, n=5),
+        dict(id="torch-adamw-wd-follows-lr", note="AdamW + CosineAnnealingLR(T_max=5) whose weight decay follows "
+             "the lr (param_group weight_decay = 0.1 × lr_t / lr_0, set before each step from the scheduler's lr), "
+             "two groups",
+             tables={"optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.1,
+                                   "groups": [{"params": ["head.*"], "lr": 0.01}]},
+                     "schedule": {"name": "cosine", "t_max": 5, "hyper": {"weight_decay": {"name": "cosine",
+                                                                                           "t_max": 5}}}},
+             sched=lambda o: S.CosineAnnealingLR(o, T_max=5), clip=None, hyper=_wd_follows_lr(0.1),
+             shapes=NAMED, n=6),
+        dict(id="torch-adam-beta2-warmup-beta1-decay", note="Adam with beta2 = 0.9 + 0.09·min(t / 4, 1) and beta1 = "
+             "0.9·0.8^t set in param_groups before step t (betas[1] warm-up, betas[0] exponential decay)",
+             tables={"optimizer": {"name": "adam", "lr": 0.02, "betas": [0.9, 0.99]},
+                     "schedule": {"name": "constant", "hyper": {
+                         "beta2": {"name": "linear", "start_factor": 0.9 / 0.99, "end_factor": 1.0, "total_iters": 4},
+                         "beta1": {"name": "exponential", "gamma": 0.8}}}},
+             sched=None, clip=None, hyper=_betas(lambda t: 0.9 * 0.8**t, lambda t: 0.9 + 0.09 * min(t / 4, 1.0)),
+             shapes=OPEN, n=6),
     ]
+
+
+def _momentum_warmup(steps: int) -> Hyper:
+    # modded-nanogpt's train_gpt.py: frac = min(step / 300, 1); momentum = (1 - frac) * 0.85 + frac * 0.95
+    def set_momentum(opts: list[torch.optim.Optimizer], t: int) -> None:
+        frac = min(t / steps, 1.0)
+        for group in opts[0].param_groups:
+            group["momentum"] = (1 - frac) * 0.85 + frac * 0.95
+    return set_momentum
+
+
+def _wd_follows_lr(wd: float) -> Hyper:
+    def set_wd(opts: list[torch.optim.Optimizer], t: int) -> None:
+        for group in opts[0].param_groups:
+            group["weight_decay"] = wd * group["lr"] / group["initial_lr"]
+    return set_wd
+
+
+def _betas(beta1: Callable[[int], float], beta2: Callable[[int], float]) -> Hyper:
+    def set_betas(opts: list[torch.optim.Optimizer], t: int) -> None:
+        for group in opts[0].param_groups:
+            group["betas"] = (beta1(t), beta2(t))
+    return set_betas
 
 
 def generate(out: Path) -> list[Path]:
@@ -147,7 +208,7 @@ def generate(out: Path) -> list[Path]:
     for c in bundled():
         params = _rng_params(rng, c["shapes"])
         grads = [{k: v * c.get("scale", 1.0) for k, v in _rng_params(rng, c["shapes"]).items()} for _ in range(c["n"])]
-        expected = native_trajectory(c["tables"]["optimizer"], c["sched"], c["clip"], params, grads)
+        expected = native_trajectory(c["tables"]["optimizer"], c["sched"], c["clip"], params, grads, c.get("hyper"))
         source = (f"generated by tools/gen_update_cases.py from torch.optim + lr_scheduler + torch.nn.utils "
                   f"clipping in float64: {c['note']}")
         path = out / f"{c['id']}.toml"

@@ -171,7 +171,7 @@ def evaluate(config: Config, steps: int, upe: int, backends: tuple[str, ...],
 
 
 def _describe(spec: ScheduleSpec, nested: bool = False) -> str:
-    skip = {"name", "schedulers"} | ({"unit"} if nested else set())
+    skip = {"name", "schedulers", "hyper"} | ({"unit"} if nested else set())
     options = {k: v for k, v in spec.model_dump(exclude=skip).items()
                if v is not None and not (k == "unit" and v == "update")}
     return ", ".join(f"{k}={v}" for k, v in options.items())
@@ -190,6 +190,8 @@ def print_summary(config: Config, steps: int, upe: int, where: str, values: dict
     text = _describe(spec)
     if spec.schedulers:
         text += "; parts: " + " | ".join(f"{p.name}({_describe(p, nested=True)})" for p in spec.schedulers)
+    if spec.hyper:
+        text += "; hyper: " + " | ".join(f"{k} {p.name}({_describe(p, nested=True)})" for k, p in spec.hyper.items())
     out.write(f"schedule: {spec.name}" + (f" ({text})" if text else "") + f"; {steps} updates from {where}"
               + (f", {upe} updates per epoch" if spec.unit == "epoch" else "") + "\n")
     width = max(len(s) for s in [*labels, "group"])
@@ -210,6 +212,10 @@ def print_summary(config: Config, steps: int, upe: int, where: str, values: dict
         m = shown["momentum"][:, 0]
         out.write(f"{shown['momentum_name']} cycles: first {_fmt(m[0])}, lowest {_fmt(m.min())} at update "
                   f"{int(np.argmin(m))}, last {_fmt(m[-1])}\n")
+    for key, table in (shown.get("hyper") or {}).items():  # [schedule.hyper]: the groups that read the key
+        parts = [f"{label} {_fmt(table[0, g])} → {_fmt(table[-1, g])} (lowest {_fmt(np.min(table[:, g]))}, "
+                 f"highest {_fmt(np.max(table[:, g]))})" for g, label in enumerate(labels) if not np.isnan(table[0, g])]
+        out.write(f"{key}: " + "; ".join(parts) + "\n")
     _print_agreement(values, out)
 
 
@@ -222,6 +228,10 @@ def _print_agreement(values: dict[str, dict[str, Any]], out: TextIO) -> None:
         ref_name, ref = next(iter(ok.items()))
         diffs = [f"{name} {np.abs(v['lr'] - ref['lr']).max():.1e}" for name, v in ok.items() if name != ref_name]
         out.write(f"max |lr - {ref_name} lr|: " + ", ".join(diffs) + "\n")
+        for key, table in (ref.get("hyper") or {}).items():
+            diffs = [f"{name} {np.nanmax(np.abs(v['hyper'][key] - table)):.1e}" for name, v in ok.items()
+                     if name != ref_name]
+            out.write(f"max |{key} - {ref_name} {key}|: " + ", ".join(diffs) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,8 +267,9 @@ def _notes(config: Config, steps: int, upe: int, strict: bool, metrics: Any = No
 def add_plot_parser(plots: Any) -> None:
     """Register `twinstep plot schedule` (see conformance/cli/plot.py)."""
     q = plots.add_parser("schedule", help="lr of every param group against the update, torch and JAX overlaid",
-                         description="Draw the lr (and onecycle's / cyclic's cycled momentum) of every parameter "
-                                     "group against the update count, torch and JAX overlaid.")
+                         description="Draw the lr (and onecycle's / cyclic's cycled momentum, and every "
+                                     "[schedule.hyper] hyper-parameter) of every parameter group against the "
+                                     "update count, torch and JAX overlaid.")
     add_arguments(q)
     q.add_argument("-o", "--output", required=True, metavar="PATH", help="image file to write (e.g. lr.png)")
     q.add_argument("--log", action="store_true", help="logarithmic lr axis")
@@ -293,18 +304,24 @@ def draw_schedule(values: dict[str, dict[str, Any]], labels: list[str], points: 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    momentum = values["torch"].get("momentum")
-    rows = 2 if momentum is not None else 1
+    def column(backend: str, key: str) -> Any:  # a [schedule.hyper] key's table, or the lr / momentum
+        v = values[backend]
+        return v["hyper"][key] if key in (v.get("hyper") or {}) else v[key]
+
+    panels = [("lr", "learning rate")]
+    if values["torch"].get("momentum") is not None:
+        panels.append(("momentum", values["torch"]["momentum_name"]))
+    panels += [(key, key) for key in values["torch"].get("hyper") or {}]  # NaN (groups not reading it): not drawn
+    rows = len(panels)
     fig, axes = plt.subplots(rows, 1, figsize=(8, 3.2 * rows + 0.6), sharex=True, squeeze=False)
     steps = values["torch"]["lr"].shape[0]
     t = np.arange(steps)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = [("lr", "learning rate")] + ([("momentum", values["torch"]["momentum_name"])] if rows == 2 else [])
     for ax, (key, ylabel) in zip(axes[:, 0], panels):
         for g, label in enumerate(labels):
             color = colors[g % len(colors)]
-            ax.plot(t, values["torch"][key][:, g], color=color, lw=2.2, alpha=0.6, label=f"{label} (torch)")
-            ax.plot(t, values["jax"][key][:, g], color="black", lw=0.9, ls="--", label=f"{label} (jax)")
+            ax.plot(t, column("torch", key)[:, g], color=color, lw=2.2, alpha=0.6, label=f"{label} (torch)")
+            ax.plot(t, column("jax", key)[:, g], color="black", lw=0.9, ls="--", label=f"{label} (jax)")
         for p in points:
             ax.axvline(p, color="0.8", lw=0.8, zorder=0)
         ax.set_ylabel(ylabel)

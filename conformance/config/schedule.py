@@ -47,9 +47,9 @@ from conformance.config.schedule_checks import (
 )
 
 __all__ = [  # the check constants live in schedule_checks.py; importable from here as before
-    "BETA1_OPTIMIZERS", "COMPOSITE", "CYCLED", "CYCLIC_MODES", "DEFAULTS", "MIN_START_FACTOR", "MOMENTUM_OPTIMIZERS",
-    "MONITORS", "PLATEAU", "PLATEAU_MODES", "REQUIRED", "SCHEDULE_NAMES", "ScheduleName", "ScheduleSpec", "USED_BY",
-    "WARMUP",
+    "BETA1_OPTIMIZERS", "COMPOSITE", "CYCLED", "CYCLIC_MODES", "DEFAULTS", "HYPER_KEYS", "HyperKey", "MIN_START_FACTOR",
+    "MOMENTUM_OPTIMIZERS", "MONITORS", "PLATEAU", "PLATEAU_MODES", "REQUIRED", "SCHEDULE_NAMES", "ScheduleName",
+    "ScheduleSpec", "USED_BY", "WARMUP",
 ]
 
 ScheduleName = Literal[
@@ -58,6 +58,11 @@ ScheduleName = Literal[
     "reduce_on_plateau", "tabulated",
 ]
 SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
+
+# Hyper-parameters other than the lr that [schedule.hyper.<key>] may schedule (beta1 / beta2 are
+# betas[0] / betas[1]); each is a float the optimizer reads afresh at every update.
+HyperKey = Literal["momentum", "beta1", "beta2", "weight_decay"]
+HYPER_KEYS: tuple[str, ...] = HyperKey.__args__  # type: ignore[attr-defined]
 
 COMPOSITE = ("sequential", "chained")  # schedules made of [[schedule.schedulers]] parts
 CYCLED = ("onecycle", "cyclic")  # schedules that may cycle momentum / beta1
@@ -180,7 +185,15 @@ class ScheduleSpec(Section):
     tabulated: the lr of update t (schedule step s) is each group's base lr times `factors[s]`,
     the last factor held past the table (torch: LambdaLR with a lambda that reads the table). It
     states any schedule exactly for as many steps as the table holds: `twinstep port` writes a
-    LambdaLR it cannot read in closed form as one, sampled for a stated number of updates."""
+    LambdaLR it cannot read in closed form as one, sampled for a stated number of updates.
+
+    hyper: schedules of other hyper-parameters, `[schedule.hyper.<key>]` with key momentum, beta1
+    (betas[0]), beta2 (betas[1]) or weight_decay, each a schedule of this kind (not
+    reduce_on_plateau, onecycle or cyclic) applied to every group whose optimizer reads the key,
+    from that group's own value as the lr schedule is from its lr, at the same position (counted in
+    optimizer updates, held with the lr on skipped updates). Muon's momentum warm-up 0.85 → 0.95
+    over 300 updates is momentum = 0.95 with {name = "linear", start_factor = 0.85 / 0.95,
+    total_iters = 300}; weight decay that follows the lr is the lr's schedule repeated here."""
 
     name: ScheduleName = "constant"
     unit: Literal["update", "epoch"] = "update"
@@ -226,6 +239,7 @@ class ScheduleSpec(Section):
     decay_type: Literal["linear", "cosine", "1-sqrt"] | None = None
     schedulers: list["ScheduleSpec"] | None = None
     factors: list[NonNegative] | None = None
+    hyper: dict[HyperKey, "ScheduleSpec"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -248,13 +262,15 @@ class ScheduleSpec(Section):
             data.setdefault("step_size_down", data.get("step_size_up"))  # torch: None = step_size_up
             # torch's built-in modes force their scale_mode (CyclicLR._init_scale_fn)
             data.setdefault("scale_mode", "iterations" if data.get("mode") == "exp_range" else "cycle")
-        parts = data.get("schedulers")
+        parts, hyper, unit = data.get("schedulers"), data.get("hyper"), data.get("unit", "update")
         if isinstance(parts, list):
-            # the parts of a composite schedule share its unit
-            unit = data.get("unit", "update")
+            # the parts of a composite schedule share its unit, and so do the hyper-parameters' schedules
             data["schedulers"] = [
                 {**p, "unit": p.get("unit", unit)} if isinstance(p, dict) else p for p in parts
             ]
+        if isinstance(hyper, dict):
+            data["hyper"] = {k: {**p, "unit": p.get("unit", unit)} if isinstance(p, dict) else p
+                             for k, p in hyper.items()}
         return data
 
     @model_validator(mode="after")

@@ -134,6 +134,9 @@ def _parts(s: Any, refused: dict[str, str]) -> list[Any]:
         elif part.name in refused:
             raise field_error(f"schedulers[{i}].name", f"cannot be {part.name!r} inside {s.name}: "
                                                        f"{refused[part.name]}")
+        if part.hyper:
+            raise field_error(f"schedulers[{i}].hyper", "must be set on the outer schedule (the parts of a "
+                                                        f"{s.name} schedule the lr only)")
         if part.unit != s.unit:
             raise field_error(f"schedulers[{i}].unit", f"must equal the {s.name} schedule's unit "
                                                        f"{s.unit!r}; received {part.unit!r}")
@@ -221,8 +224,29 @@ _CHECKS = {
 }
 
 
+# Why a schedule cannot drive a hyper-parameter ([schedule.hyper.<key>]).
+NOT_HYPER = {
+    "reduce_on_plateau": "it steps on an observed metric; only the lr follows one",
+    "onecycle": "it cycles the lr between its own absolute values (use [schedule] onecycle with cycle_momentum)",
+    "cyclic": "it cycles the lr between its own absolute values (use [schedule] cyclic with cycle_momentum)",
+}
+
+
+def _check_hyper(s: Any) -> None:
+    for key, part in (s.hyper or {}).items():
+        if part.name in NOT_HYPER:
+            raise field_error(f"hyper.{key}.name", f"cannot be {part.name!r}: {NOT_HYPER[part.name]}")
+        if part.unit != s.unit:
+            raise field_error(f"hyper.{key}.unit", f"must equal the schedule's unit {s.unit!r} (the lr and "
+                                                   f"the hyper-parameters count alike); received {part.unit!r}")
+        if part.hyper:
+            raise field_error(f"hyper.{key}.hyper", "cannot be nested: each [schedule.hyper.<key>] schedules one "
+                                                    "hyper-parameter")
+
+
 def check_spec(s: Any) -> None:
     """Every check of one ScheduleSpec (its parts were checked when they were built)."""
+    _check_hyper(s)
     if s.name == "constant" and s.total_iters is not None and s.factor is None:
         raise field_error("total_iters", "needs factor (torch's ConstantLR multiplies the lr "
                                          "by factor for total_iters updates)")

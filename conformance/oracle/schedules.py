@@ -57,6 +57,7 @@ from conformance.rules.schedules import (
     check_metrics,
     check_schedule,
     cycled_hyperparameter,
+    hyper_bases,
     onecycle_phases,
     spots,
     start_lrs,
@@ -274,7 +275,8 @@ def schedule_values(
 ) -> dict[str, Any]:
     """The values updates t = 0..steps-1 apply (or only the updates listed in `at`, strictly
     increasing): {"lr": (rows, groups) array, "momentum": (rows, groups) array or None,
-    "momentum_name": "momentum" | "beta1" | None}. Groups are ordered as in
+    "momentum_name": "momentum" | "beta1" | None, "hyper": {key: (rows, groups) array, NaN where
+    the group does not read the key} for [schedule.hyper]}. Groups are ordered as in
     `conformance.rules.groups.group_base_lrs`: [[optimizer.groups]] in order, the default group last.
     `metrics` (reduce_on_plateau only): the value observed after each update t = 0..steps-1."""
     check_schedule(schedule, optimizer, steps, updates_per_epoch)
@@ -284,11 +286,20 @@ def schedule_values(
     s = rows // updates_per_epoch
     if schedule.name == "reduce_on_plateau":
         lr = plateau_lrs(schedule, base, observed, steps)[rows]
-        return {"lr": lr, "momentum": None, "momentum_name": None}
+        return {"lr": lr, "momentum": None, "momentum_name": None, "hyper": _hyper_table(schedule, optimizer, s)}
     lr = np.stack([np.broadcast_to(lr_function(schedule, b)(s), s.shape) for b in base], axis=1)
     name = cycled_hyperparameter(schedule, optimizer)
     momentum = None
     if name is not None:
         m = momentum_function(schedule)(s)
         momentum = np.stack([m] * len(base), axis=1)
-    return {"lr": lr.astype(np.float64), "momentum": momentum, "momentum_name": name}
+    return {"lr": lr.astype(np.float64), "momentum": momentum, "momentum_name": name,
+            "hyper": _hyper_table(schedule, optimizer, s)}
+
+
+def _hyper_table(schedule: ScheduleSpec, optimizer: Any, s: np.ndarray) -> dict[str, np.ndarray]:
+    """[schedule.hyper]'s values at schedule steps `s`, one column per group (NaN: not read)."""
+    return {key: np.stack([np.full(s.shape, np.nan) if b is None else
+                           np.broadcast_to(lr_function(schedule.hyper[key], b)(s), s.shape)  # type: ignore[index]
+                           for b in bases], axis=1).astype(np.float64)
+            for key, bases in hyper_bases(schedule, optimizer).items()}

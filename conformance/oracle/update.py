@@ -11,7 +11,7 @@ Each micro-batch {"g": {name: array}, "count": c, "poison": π} has the loss L =
     clip              G ← clip(G) by [clip] (oracle.clipping), the norm taken before clipping
     step              each parameter by its group's optimizer (oracle.optimizers.update) with
                       lr = the group's schedule at s (oracle.schedules), onecycle's cycled momentum
-                      or beta1 likewise
+                      or beta1 and every [schedule.hyper.<key>] from the group's own value likewise
     schedule          s = position + t − (skips so far, with schedule_on_skip = "hold"), divided by
                       updates_per_epoch with unit = "epoch" (docs/contract.md §2)
     loss scale        GradScaler's update rule (oracle.precision.update_scale)
@@ -32,7 +32,7 @@ from conformance.oracle.precision import inverse_scale, update_scale
 from conformance.oracle.schedules import lr_function, momentum_function
 from conformance.rules.groups import group_base_lrs, group_of, resolve_groups
 from conformance.rules.nonfinite import check_nonfinite
-from conformance.rules.schedules import check_schedule, cycled_hyperparameter, start_lrs
+from conformance.rules.schedules import check_schedule, cycled_hyperparameter, hyper_bases, hyper_field, start_lrs
 from conformance.rules.windows import check_window
 
 __all__ = ["run_updates"]
@@ -81,6 +81,8 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
     lr_fns = [lr_function(sched, b) for b in start_lrs(sched, group_base_lrs(opt))]
     cycled = cycled_hyperparameter(sched, opt)
     momentum_fn = momentum_function(sched) if cycled else None
+    hyper_fns = {key: [None if b is None else lr_function(sched.hyper[key], b) for b in bases]  # type: ignore[index]
+                 for key, bases in hyper_bases(sched, opt).items()}
     states: dict[str, dict[str, np.ndarray]] = {}
     scale, tracker, skipped, consecutive = np.float32(prec.init_scale), 0, 0, 0
     out: dict[str, list[Any]] = {"params": [], "lrs": [], "skipped": [], "scales": []}
@@ -106,6 +108,11 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
                 if momentum_fn is not None:
                     m = float(momentum_fn(s))
                     hp.update(momentum=m) if cycled == "momentum" else hp.update(betas=(m, hp["betas"][1]))
+                for key, fns in hyper_fns.items():
+                    fn = fns[owner[name]]
+                    if fn is not None:
+                        field, value = hyper_field(key, hp, float(fn(s)))
+                        hp[field] = value
                 st = states.get(name) or init_state(group.optimizer, hp, p[name])
                 new, states[name] = update(group.optimizer, hp, p[name], g, st, dt)
                 p[name] = _round(new, dt)

@@ -5,6 +5,8 @@ Shared by ref_torch, ref_jax and the oracle (each builds its schedules from thes
 - `start_lrs`: the lr each group's schedule starts from (onecycle's `max_lr` and cyclic's
   `base_lr` override the groups);
 - `cycled_hyperparameter`: what onecycle's / cyclic's momentum cycling drives (momentum or beta1);
+- `hyper_bases` / `hyper_value` / `hyper_field`: the groups' values a `[schedule.hyper.<key>]`
+  schedule starts from, and the param-group entry it writes (beta1 / beta2: betas[0] / betas[1]);
 - `onecycle_phases`: torch's OneCycleLR phase boundaries and end values;
 - `check_schedule` / `check_run_length`: cross-section refusals (ConfigError / InputError) and notes;
 - `spots` / `check_metrics`: the inputs of `schedule_values(..., at=, metrics=)`;
@@ -28,7 +30,13 @@ from conformance.config.schedule import (
     ScheduleSpec,
 )
 from conformance.errors import ConfigError, InputError
-from conformance.rules.groups import group_base_lrs
+from conformance.rules.groups import group_base_lrs, group_layout
+
+# Optimizers that refuse a scheduled hyper-parameter, and why.
+_HYPER_REFUSED = {
+    "schedule_free_sgd": "its averaging assumes fixed hyper-parameters; the schedulefree package schedules none",
+    "schedule_free_adamw": "its averaging assumes fixed hyper-parameters; the schedulefree package schedules none",
+}
 
 
 def start_lrs(schedule: ScheduleSpec, base_lrs: list[float]) -> list[float]:
@@ -64,6 +72,74 @@ def cycled_hyperparameter(schedule: ScheduleSpec, optimizer: Any) -> str | None:
     )
 
 
+def hyper_value(key: str, hp: Any) -> float | None:
+    """Hyper-parameter `key` (beta1 / beta2: betas[0] / betas[1]) of a group's hyper-parameters `hp`
+    (a mapping, e.g. torch's param_group), None where the group has none."""
+    if key in ("beta1", "beta2"):
+        betas = hp.get("betas")
+        return None if betas is None else betas[0 if key == "beta1" else 1]
+    return hp.get(key)
+
+
+def hyper_bases(schedule: ScheduleSpec, optimizer: Any) -> dict[str, list[float | None]]:
+    """For each `[schedule.hyper.<key>]`: the value every parameter group starts from, in the order
+    of conformance.rules.groups.group_base_lrs, None where the group's optimizer does not read it
+    (muon's momentum is not its fallback's). Empty without schedule.hyper."""
+    layout = group_layout(optimizer)
+    return {key: [None if (v := hyper_value(key, g.hyperparams)) is None else float(v) for g in layout]
+            for key in (schedule.hyper or {})}
+
+
+def hyper_field(key: str, hp: Any, value: Any) -> tuple[str, Any]:
+    """The param-group entry that sets hyper-parameter `key` to `value` in the group whose
+    hyper-parameters are `hp` (torch's param_group, or any mapping): ("betas", (value, hp's beta2))
+    for beta1, ("betas", (beta1, value)) for beta2, else (key, value)."""
+    if key == "beta1":
+        return "betas", (value, hp["betas"][1])
+    if key == "beta2":
+        return "betas", (hp["betas"][0], value)
+    return key, value
+
+
+def _peak_factor(spec: ScheduleSpec) -> float:
+    """An upper bound of the schedule's factor over every update (inf where none is stated)."""
+    if spec.name == "tabulated":
+        return max(spec.factors or [1.0])
+    if spec.name == "sequential":
+        return max(_peak_factor(p) for p in spec.schedulers or [])
+    if spec.name == "chained":
+        return float(np.prod([_peak_factor(p) for p in spec.schedulers or []]))
+    if spec.name in ("step", "multistep", "exponential") and spec.gamma > 1:  # type: ignore[operator]
+        return float("inf") if spec.end_factor is None else spec.end_factor
+    return max([1.0, *(v for v in (spec.start_factor, spec.end_factor) if v is not None)])
+
+
+def _check_hyper(schedule: ScheduleSpec, optimizer: Any, last: int) -> None:
+    cycled = cycled_hyperparameter(schedule, optimizer)
+    for key, bases in hyper_bases(schedule, optimizer).items():
+        where, part = f"schedule.hyper.{key}", schedule.hyper[key]  # type: ignore[index]
+        for name in optimizer.group_optimizers():
+            if name in _HYPER_REFUSED:
+                raise ConfigError(f"{where} is not supported with optimizer.name = {name!r}: {_HYPER_REFUSED[name]}")
+        if key == "beta1" and "ademamix" in optimizer.group_optimizers():
+            raise ConfigError(f"{where} is not supported with ademamix (its beta1 also starts the beta3 warm-up; "
+                              "no peer schedules it)")
+        read = [b for b in bases if b is not None]
+        if not read:
+            field = "betas" if key in ("beta1", "beta2") else key
+            raise ConfigError(f"{where}: no parameter group's optimizer reads {field} (optimizer.name = "
+                              f"{optimizer.name!r}); remove it")
+        if cycled is not None and cycled == key:
+            raise ConfigError(f"{where} and schedule.cycle_momentum both set {key}; set schedule.cycle_momentum = "
+                              "false or remove the hyper schedule")
+        peak = max(read) * _peak_factor(part)
+        if key in ("beta1", "beta2") and not peak < 1:
+            raise ConfigError(f"{where} can reach {key} = {peak:g} (the largest group value {max(read):g} times "
+                              "the schedule's largest factor); it must stay below 1")
+        _check_chained_length(part, last)
+        _check_floor(part, min(read), where, key)
+
+
 def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_per_epoch: int = 1) -> None:
     """Checks that need the optimizer or the run length; raise ConfigError / InputError (one line)."""
     for name, value in (("steps", steps), ("updates_per_epoch", updates_per_epoch)):
@@ -89,6 +165,7 @@ def check_schedule(schedule: ScheduleSpec, optimizer: Any, steps: int, updates_p
     _check_chained_length(schedule, last)
     _check_onecycle_length(schedule, last)
     _check_floor(schedule, min(base))
+    _check_hyper(schedule, optimizer, last)
 
 
 def _check_onecycle_length(schedule: ScheduleSpec, last: int) -> None:
@@ -97,19 +174,19 @@ def _check_onecycle_length(schedule: ScheduleSpec, last: int) -> None:
                           f"{schedule.unit}s); torch's OneCycleLR raises past total_steps")
 
 
-def _check_floor(schedule: ScheduleSpec, low: float) -> None:
+def _check_floor(schedule: ScheduleSpec, low: float, outer: str = "schedule", what: str = "lr") -> None:
     # A floor above a group's lr turns a decay into a climb: refused for every group, whichever framework runs it
     parts = schedule.schedulers if schedule.name == "sequential" else [schedule]
     for part in parts or []:
-        where = "schedule" if part is schedule else "a schedule.schedulers part"
+        where = outer if part is schedule else f"a {outer}.schedulers part"
         if part.name in ("warmup_cosine", "wsd") and part.eta_min > low:  # type: ignore[operator]
             raise ConfigError(
-                f"{where} eta_min = {part.eta_min} exceeds the lowest group lr {low}; {part.name} "
-                f"decays every group from its own lr down to eta_min, so eta_min must not exceed any"
+                f"{where} eta_min = {part.eta_min} exceeds the lowest group {what} {low}; {part.name} "
+                f"decays every group from its own {what} down to eta_min, so eta_min must not exceed any"
             )
         if part.name in ("cosine", "cosine_restarts") and part.eta_min is not None and part.eta_min > low:
-            raise ConfigError(f"{where} eta_min = {part.eta_min} is above the lowest group lr {low}: {part.name} "
-                              f"would anneal the lr up to eta_min; eta_min must not exceed any group's lr")
+            raise ConfigError(f"{where} eta_min = {part.eta_min} is above the lowest group {what} {low}: {part.name} "
+                              f"would anneal the {what} up to eta_min; eta_min must not exceed any group's {what}")
 
 
 def _check_chained_length(schedule: ScheduleSpec, last: int) -> None:

@@ -116,6 +116,9 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_torch._schedules", "MetricPlateau"): "ReduceLROnPlateau stepped after every update like torch's other "
                                                "schedulers; JAX's reduce_on_plateau is plateau_step, called only "
                                                "with a metric",
+    ("ref_torch._schedules", "HyperSchedules"): "torch has no scheduler for other hyper-parameters: stand-in "
+                                                "optimizers carry their values, written into the groups; JAX "
+                                                "injects them into the jitted step from tables",
     ("ref_jax._schedules", "Schedule"): _COUNT,
     ("ref_jax._schedules", "GroupSchedules"): _COUNT,
     ("ref_jax._schedules", "schedule_step"): _COUNT,
@@ -208,6 +211,8 @@ OWN_SIGNATURES: dict[tuple[str, str], str] = {
     ("_schedules", "build_scheduler"): "torch's scheduler sets an optimizer's groups in place and is rebuilt at "
                                        "update `start` by replaying its steps; JAX's schedules are pure functions of "
                                        "the count, which need each group's base lr only",
+    ("_schedules", "build_hyper"): "torch wraps the lr's scheduler and writes into the optimizer's groups, rebuilt "
+                                   "at an update; JAX returns pure schedules of the count from the groups' values",
     ("_schedules", "plateau_neutral"): "torch reads the scheduler object and its optimizer; JAX a PlateauState",
     ("_schedules", "plateau_from_neutral"): "torch puts the state into the scheduler object and its optimizer in "
                                             "place; JAX returns a new PlateauState",

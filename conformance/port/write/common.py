@@ -6,6 +6,7 @@ import textwrap
 from typing import Any
 
 from conformance.config import Config
+from conformance.errors import UnsupportedError
 from conformance.rules.groups import group_layout
 
 
@@ -80,3 +81,10 @@ def header(config: Config, framework: str, source: str) -> str:
             f'{needs}.\nOptimizer {config.optimizer.name}, schedule {config.schedule.name}, clip '
             f'{config.clip.mode}, accumulation {config.accumulation.steps} x {config.accumulation.normalize}, '
             f'precision {config.precision.dtype}.\n"""')
+
+
+def check_writable(config: Config, framework: str) -> None:
+    """Refuse what the snippets do not write out (UnsupportedError naming the field)."""
+    if config.schedule.hyper:
+        raise UnsupportedError(f"schedule.hyper ({', '.join(config.schedule.hyper)}) is not written out for "
+                               f"{framework}; twinstep's trainers and backends run it")

@@ -47,6 +47,8 @@ def _optimizer(config: Config, out: dict[str, Any], notes: list[str]) -> None:
 
 def _schedule(config: Config, out: dict[str, Any]) -> None:
     s, lr, steps = config.schedule, config.optimizer.lr, out["max_steps"]
+    if s.hyper:
+        raise _refuse("schedule.hyper", list(s.hyper), "Trainer's lr_scheduler_type schedules the lr only")
     kw: dict[str, Any] = {}
     if s.name == "constant" and s.factor is None:
         kind = "constant"

@@ -15,7 +15,7 @@ from typing import Any
 from conformance.config import Config
 from conformance.errors import UnsupportedError
 from conformance.port.write import optax_parts as parts
-from conformance.port.write.common import block, header, layout, layout_code, lit
+from conformance.port.write.common import block, check_writable, header, layout, layout_code, lit
 from conformance.port.write.schedule_code import (
     helpers,
     momentum_schedule,
@@ -205,6 +205,8 @@ IMPORTS = "import fnmatch\nimport math\nfrom typing import NamedTuple\n\nimport 
 def optax_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> str:
     """The whole snippet for `config` (see the module docstring)."""
     from conformance.port.write.optax_step import step_code
+
+    check_writable(config, "optax")
 
     need: list[str] = []
     p = config.precision

@@ -16,7 +16,7 @@ from conformance.config import Config
 from conformance.config.optimizer import SCHEDULE_FREE
 from conformance.errors import UnsupportedError
 from conformance.port.write import torch_parts as parts
-from conformance.port.write.common import block, header, layout, layout_code, lit
+from conformance.port.write.common import block, check_writable, header, layout, layout_code, lit
 from conformance.port.write.schedule_code import torch_helpers, torch_scheduler_code
 
 CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW",
@@ -181,6 +181,7 @@ def _clip_helper(config: Config) -> str:
 
 def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> str:
     """The whole snippet for `config` (see the module docstring)."""
+    check_writable(config, "torch")
     opt_body, twin = optimizer_code(config)
     extra = parts.carried(twin)
     sched = block(torch_scheduler_code(config.schedule), 4)
