@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,60 @@ def test_the_schedule_command_reports_and_draws_each_hyper_parameter(tmp_path: P
     assert len(worst) == 1 and worst[0] < 1e-15
     assert main(["plot", "schedule", str(path), "--steps", "30", "-o", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").stat().st_size > 10_000
+
+
+SNIPPET_SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3), "head.bias": (2,)}
+SNIPPETS = {
+    "muon-momentum-warmup-wd": ({"name": "muon", "lr": 0.02, "momentum": 0.95, "weight_decay": 0.01},
+                                {"name": "cosine", "t_max": 9, "hyper": {"momentum": WARMUP, "weight_decay": {
+                                    "name": "cosine", "t_max": 9}}}, {"steps": 2}),
+    "adam-betas-per-epoch": ({"name": "adam", "lr": 0.01, "betas": [0.9, 0.99],
+                              "groups": [{"params": ["*.bias"], "betas": [0.8, 0.95]}]},
+                             {"name": "step", "step_size": 2, "unit": "epoch", "hyper": {
+                                 "beta1": {"name": "exponential", "gamma": 0.9},
+                                 "beta2": {"name": "linear", "start_factor": 0.9, "total_iters": 2}}}, {"steps": 1}),
+    "sgd-plateau-momentum": ({"name": "sgd", "lr": 0.05, "momentum": 0.9},
+                             {"name": "reduce_on_plateau", "hyper": {"momentum": {"name": "tabulated",
+                                                                                 "factors": [0.5, 0.8, 1.0]}}},
+                             {"steps": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_the_torch_snippet_sets_the_scheduled_hyper_parameters(name: str) -> None:
+    from conformance.harness.backends import Backend
+    from conformance.port.verify.traces import compare, gradient_stream, run_backend, run_snippet
+    from conformance.port.write.torch_code import torch_code
+
+    optimizer, schedule, accumulation = SNIPPETS[name]
+    upe = 3 if schedule.get("unit") == "epoch" else 1
+    rng = np.random.default_rng(3)
+    values = {k: rng.normal(size=s) for k, s in SNIPPET_SHAPES.items()}
+    windows = gradient_stream(SNIPPET_SHAPES, 9, micro=accumulation["steps"], poison=(4,), last=None)
+    configs = {hyper: load_config({"optimizer": optimizer, "accumulation": accumulation, "precision": {"dtype": "float64"},
+                                   "schedule": schedule if hyper else {k: v for k, v in schedule.items() if k != "hyper"}})
+               for hyper in (True, False)}  # control: the snippet of the config without the hyper schedules
+    with Backend("torch").context():
+        want = run_backend("torch", configs[True], values, windows, updates_per_epoch=upe)
+    results = {}
+    for hyper, config in configs.items():
+        with Backend("torch").context():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                results[hyper] = run_snippet("torch", torch_code(config, "test", upe), config, values, windows)
+            assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]  # the stand-ins are quiet
+    assert compare(results[True], want, 1e-12, 1e-10)[1] is None
+    assert compare(results[False], want, 1e-12, 1e-10)[1] is not None
+
+
+def test_the_optax_snippet_and_training_arguments_refuse_it() -> None:
+    from conformance.errors import UnsupportedError
+    from conformance.port.write.hf_args import hf_arguments
+    from conformance.port.write.optax_code import optax_code
+
+    config = _config()
+    with pytest.raises(UnsupportedError, match=r"schedule.hyper \(momentum, weight_decay\) is not written out for optax"):
+        optax_code(config)
+    with pytest.raises(UnsupportedError, match="schedule.hyper"):
+        hf_arguments(load_config({"optimizer": {"name": "adamw"}, "schedule": {"name": "constant", "hyper": {
+            "weight_decay": {"name": "linear", "total_iters": 3}}}, "run": {"max_updates": 10}}))

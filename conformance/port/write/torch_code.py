@@ -187,12 +187,14 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
     sched = block(torch_scheduler_code(config.schedule), 4)
     lines = parts.import_lines({"lr_scheduler": ("torch.optim", "lr_scheduler"), **extra.imports})
     outside = [line for line in lines if not line.startswith(("import torch", "from torch"))]
-    imports = "\n".join(["import fnmatch", "import math", *outside, ""] + (
+    imports = "\n".join(["import fnmatch", "import math", *(["import warnings"] if config.schedule.hyper else []),
+                         *outside, ""] + (
         ["import schedulefree"] if config.optimizer.name in SCHEDULE_FREE else []) + ["import torch"] + [
         line for line in lines if line not in outside])
     pieces = [header(config, "torch", source), imports, layout_code(config)]
     pieces += extra.sources
-    pieces += [opt_body, torch_helpers(config.schedule), 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
+    helpers = [torch_helpers(config.schedule), *(torch_helpers(p) for p in (config.schedule.hyper or {}).values())]
+    pieces += [opt_body, *dict.fromkeys(h for h in helpers if h), 'def build_scheduler(optimizer):\n    """The lr schedule: step it after '
                'optimizer.step(), once per update."""\n' + sched]
     if config.schedule.unit == "epoch":
         pieces.append(block(f'''
@@ -210,6 +212,7 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
                     if self.count % self.n == 0:
                         self.scheduler.step()
             '''))
+    pieces += _hyper_code(config.schedule)
     helper = _clip_helper(config)
     if helper:
         pieces.append(helper)
@@ -217,3 +220,55 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
 
     pieces.append(updater_code(config, _clip_code(config)))
     return "\n\n\n".join(p for p in pieces if p) + "\n"
+
+
+def _hyper_code(schedule: Any) -> list[str]:
+    """[schedule.hyper]: a build function per key and the object that writes the values into the groups."""
+    if not schedule.hyper:
+        return []
+    out = [f'def build_hyper_{key}(optimizer):\n    """[schedule.hyper.{key}]: built on a stand-in optimizer '
+           f'whose lrs carry the values."""\n' + block(torch_scheduler_code(spec), 4)
+           for key, spec in schedule.hyper.items()]
+    wrap = "PerEpoch(build(stand_in))" if schedule.unit == "epoch" else "build(stand_in)"
+    builds = ", ".join(f'"{key}": build_hyper_{key}' for key in schedule.hyper)
+    out.append(block(f'''
+        class ScheduledHyperparameters:
+            """Hyper-parameters other than the lr on schedules of their own (lr_scheduler moves only
+            the lr): each key's values ride on a stand-in optimizer's lrs, moved by its scheduler, and
+            are written into every param group that reads the key; step it with the lr's scheduler."""
+
+            BUILD = {{{builds}}}
+
+            def __init__(self, optimizer):
+                self.optimizer, self.parts = optimizer, []
+                for key, build in self.BUILD.items():
+                    values = [self.read(key, group) for group in optimizer.param_groups]
+                    stand_in = torch.optim.SGD([{{"params": [torch.zeros(1)], "lr": 0.0 if v is None else v}}
+                                                for v in values])
+                    self.parts.append((key, stand_in, {wrap}, [v is not None for v in values]))
+                self.write()
+
+            @staticmethod
+            def read(key, group):
+                if key in ("beta1", "beta2"):  # betas[0] / betas[1]
+                    return group["betas"][0 if key == "beta1" else 1] if "betas" in group else None
+                return group.get(key)
+
+            def step(self):
+                with warnings.catch_warnings():  # a stand-in optimizer never steps: its scheduler carries values
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\\.step\\(\\)`")
+                    for _, _, scheduler, _ in self.parts:
+                        scheduler.step()
+                self.write()
+
+            def write(self):
+                for key, stand_in, _, reads in self.parts:
+                    for group, shadow, read in zip(self.optimizer.param_groups, stand_in.param_groups, reads):
+                        if read and key in ("beta1", "beta2"):
+                            betas = list(group["betas"])
+                            betas[0 if key == "beta1" else 1] = shadow["lr"]
+                            group["betas"] = tuple(betas)
+                        elif read:
+                            group[key] = shadow["lr"]
+        '''))
+    return out

@@ -89,7 +89,7 @@ def updater_code(config: Config, clip: list[str]) -> str:
                 self.params = [q for q in model.parameters() if q.requires_grad]
                 self.device_type = self.params[0].device.type
                 self.optimizer = build_optimizer(model.named_parameters())
-                self.scheduler = {sched}
+                self.scheduler = {sched}{_hyper_init(config)}
                 self.scaler = {scaler}
                 self.skipped_in_a_row = 0{_ema_init(config)}
 
@@ -125,9 +125,10 @@ def updater_code(config: Config, clip: list[str]) -> str:
         body.append("self.scaler.update()")
     if config.ema.enabled:
         body.append("self.updates += 1  # counted as the spec counts updates: skipped ones too")
-    if config.schedule.name != "reduce_on_plateau":  # a plateau steps on metrics (observe), not updates
-        body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"",
-                 "    self.scheduler.step()"]
+    stepped = (["self.scheduler.step()"] if config.schedule.name != "reduce_on_plateau" else []) + (
+        ["self.hyper.step()"] if config.schedule.hyper else [])  # a plateau steps on metrics (observe)
+    if stepped:
+        body += [f"if {advance}:  # schedule_on_skip = \"{p.schedule_on_skip}\"", *("    " + x for x in stepped)]
     body.append('return {"loss": float(loss), "grad_norm": float(norm), "skipped": not finite, "lr": lr}')
     out = head + "\n" + block("\n".join(body), 8)
     if config.schedule.name == "reduce_on_plateau":
@@ -137,3 +138,9 @@ def updater_code(config: Config, clip: list[str]) -> str:
                 self.scheduler.step(metric)
             ''', 4)
     return out
+
+
+def _hyper_init(config: Config) -> str:
+    if not config.schedule.hyper:
+        return ""
+    return "\n                self.hyper = ScheduledHyperparameters(self.optimizer)  # [schedule.hyper]"
