@@ -64,16 +64,16 @@ def one_micro_batch(windows: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict
     return out
 
 
-def check_update_config(config: Any, position: int) -> None:
+def check_update_config(config: Any, position: int, hyper: bool = False) -> None:
     """The parts of a training config a native run_updates maps: optimizer, schedule, clip; the rest at
-    its defaults (one micro-batch per update, no loss scaling, the run's dtype)."""
+    its defaults (one micro-batch per update, no loss scaling, the run's dtype). `hyper`: the native
+    maps [schedule.hyper] (optax's inject_hyperparams)."""
     if position:
         raise refuse(f"position = {position}", "a native update path starts at update 0")
     if config.accumulation.steps != 1:
         raise refuse(f"accumulation.steps = {config.accumulation.steps}", "one micro-batch per update only")
-    if config.schedule.hyper:
+    if config.schedule.hyper and not hyper:
         raise refuse(f"schedule.hyper ({', '.join(config.schedule.hyper)})",
-                     "the native update paths schedule the lr only (torch's lr_scheduler and Keras's schedules "
-                     "drive the lr alone; optax's inject_hyperparams is not mapped)")
+                     "torch's lr_scheduler and Keras's schedules drive the lr alone")
     if config.precision.dynamic_scaling:
         raise refuse("precision: dynamic loss scaling", "not mapped on the native update path")

@@ -270,3 +270,30 @@ def test_the_optax_snippet_and_training_arguments_refuse_it() -> None:
     with pytest.raises(UnsupportedError, match="schedule.hyper"):
         hf_arguments(load_config({"optimizer": {"name": "adamw"}, "schedule": {"name": "constant", "hyper": {
             "weight_decay": {"name": "linear", "total_iters": 3}}}, "run": {"max_updates": 10}}))
+
+
+@pytest.mark.parametrize("name", ["torch-sgd-momentum-warmup", "torch-adam-beta2-warmup-beta1-decay",
+                                  "torch-adamw-wd-follows-lr"])
+def test_optax_inject_hyperparams_is_the_same_math_at_float64_counts(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the optax-native backend schedules b1 / b2 / momentum / weight_decay through inject_hyperparams;
+    # the two cases it fails differ only by S-INT32 (optax's schedules of an int32 count are float32):
+    # with the count cast to float64 first, optax's own transforms give torch's values
+    import jax
+    import jax.numpy as jnp
+
+    from natives.optax_native import update as native
+
+    real = native.schedule_fn
+    monkeypatch.setattr(native, "schedule_fn", lambda spec, b, n, upe=1: (
+        lambda count, fn=real(spec, b, n, upe): fn(jnp.asarray(count, jnp.float64))))
+    data = tomllib.loads((ROOT / "conformance" / "cases" / "optimizer" / "update" / f"{name}.toml").read_text())
+    windows = [[{"g": g, "count": 1.0, "poison": 1.0}] for g in data["inputs"]["grads"]]
+    params = {k: np.asarray(v, np.float64) for k, v in data["inputs"]["params"].items()}
+    for keep in (True, False):  # control: without the hyper schedules optax's run is another
+        schedule = data["schedule"] if keep else {k: v for k, v in data["schedule"].items() if k != "hyper"}
+        config = load_config({"optimizer": data["optimizer"], "schedule": schedule, "precision": {"dtype": "float64"}})
+        with jax.enable_x64(True):
+            got = native.run_updates(config, params, windows)["params"]
+        worst = max(float(np.max(np.abs(got[t][k] - np.asarray(data["expected"]["params"][t][k]))))
+                    for t in range(len(windows)) for k in params)
+        assert (worst < 1e-14) is keep, (keep, worst)

@@ -14,7 +14,8 @@ optax.contrib.schedule_free_adamw / schedule_free_sgd (its params are the y poin
 optax.contrib.ademamix with apple/ml-ademamix's warm-ups as b3 / alpha functions of count + 1
 (optax reads them before its increment). optax
 has no `eps_hat` (its eps is torch's placement) and no `momentum_decay`: other values than torch's
-are unsupported. Parameter groups are optax.multi_transform over the groups of
+are unsupported. [schedule.hyper] is optax.inject_hyperparams around sgd / adam / adamw with the
+keys' schedules as momentum, b1, b2 and weight_decay. Parameter groups are optax.multi_transform over the groups of
 conformance.rules.groups. An [ema] is optax.ema(decay) (debiased, its default) over the parameters
 after each due update.
 
@@ -194,19 +195,57 @@ def _muon(spec: OptimizerSpec, lr: LR) -> optax.GradientTransformation:
                               adam_weight_decay=fb.weight_decay)
 
 
-def build(spec: OptimizerSpec, groups: Sequence[ParamGroup],
-          lrs: Sequence[LR] | None = None) -> optax.GradientTransformation:
+def build(spec: OptimizerSpec, groups: Sequence[ParamGroup], lrs: Sequence[LR] | None = None,
+          hyper: Mapping[str, Sequence[Any]] | None = None) -> optax.GradientTransformation:
     """The optax optimizer of the spec: one alias, or optax.multi_transform over the groups (`lrs`: each
-    group's learning rate or schedule; default its lr)."""
+    group's learning rate or schedule; default its lr; `hyper`: [schedule.hyper]'s schedules, one per
+    group or None, through optax.inject_hyperparams)."""
     lrs = [g.hyperparams["lr"] for g in groups] if lrs is None else lrs
     if spec.name == "muon":
+        if hyper:
+            raise refuse(f"schedule.hyper ({', '.join(hyper)}) with muon", "optax.contrib.muon is not mapped with "
+                                                                            "inject_hyperparams")
         return _muon(spec, lrs[-1])
+
+    def of(i: int, g: ParamGroup) -> optax.GradientTransformation:
+        scheduled = {k: fns[i] for k, fns in (hyper or {}).items() if fns[i] is not None}
+        return injected(g.optimizer, g.hyperparams, lrs[i], scheduled) if scheduled else \
+            transform(g.optimizer, g.hyperparams, lrs[i])
+
     used = [(i, g) for i, g in enumerate(groups) if g.names]
     if len(used) == 1:
-        i, g = used[0]
-        return transform(g.optimizer, g.hyperparams, lrs[i])
+        return of(*used[0])
     labels = {n: g.label for g in groups for n in g.names}
-    return optax.multi_transform({g.label: transform(g.optimizer, g.hyperparams, lrs[i]) for i, g in used}, labels)
+    return optax.multi_transform({g.label: of(i, g) for i, g in used}, labels)
+
+
+# inject_hyperparams's names for [schedule.hyper]'s keys, per alias it wraps
+INJECTED = {"sgd": {"momentum": "momentum"}, "adam": {"beta1": "b1", "beta2": "b2"},
+            "adamw": {"beta1": "b1", "beta2": "b2", "weight_decay": "weight_decay"}}
+
+
+def injected(name: str, hp: Mapping[str, Any], lr: LR, scheduled: Mapping[str, Any]) -> optax.GradientTransformation:
+    """optax.inject_hyperparams(alias)(...) for a group whose [schedule.hyper] keys are `scheduled`
+    ({key: schedule of the count}), as an optax user schedules b1 or the weight decay."""
+    names = INJECTED.get(name, {})
+    plain = name in INJECTED and not hp.get("maximize") and not hp.get("amsgrad") and not hp.get("decoupled_weight_decay")
+    if not plain or set(scheduled) - set(names) or (name != "adamw" and hp.get("weight_decay")):
+        raise refuse(f"schedule.hyper ({', '.join(scheduled)}) with optimizer {name!r}",
+                     "mapped onto inject_hyperparams for sgd's momentum and adam's / adamw's b1, b2 and "
+                     "adamw's weight_decay, without coupled decay, maximize or amsgrad")
+    _refuse_extra(hp, "eps_hat", False, f"optax.{name} (its eps is added to the bias-corrected root)")
+    fixed: dict[str, Any] = {"learning_rate": lr}
+    if name == "sgd":
+        _refuse_extra(hp, "dampening", 0.0, "optax.sgd (dampening)")
+        fixed.update(momentum=hp["momentum"], nesterov=hp["nesterov"])
+        alias, static = optax.sgd, ("nesterov",)
+    else:
+        fixed.update(b1=hp["betas"][0], b2=hp["betas"][1], eps=hp["eps"], eps_root=hp["eps_root"])
+        if name == "adamw":
+            fixed["weight_decay"] = hp["weight_decay"]
+        alias, static = (optax.adamw if name == "adamw" else optax.adam), ()
+    fixed.update({names[k]: fn for k, fn in scheduled.items()})
+    return optax.inject_hyperparams(alias, static_args=static)(**fixed)
 
 
 def _apply(tx: optax.GradientTransformation, g: Any, s: Any, p: Any) -> tuple[Any, Any]:
