@@ -232,10 +232,12 @@ SNIPPETS = {
 }
 
 
+@pytest.mark.parametrize("framework", ["torch", "optax"])
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_the_torch_snippet_sets_the_scheduled_hyper_parameters(name: str) -> None:
+def test_the_snippets_set_the_scheduled_hyper_parameters(name: str, framework: str) -> None:
     from conformance.harness.backends import Backend
     from conformance.port.verify.traces import compare, gradient_stream, run_backend, run_snippet
+    from conformance.port.write.optax_code import optax_code
     from conformance.port.write.torch_code import torch_code
 
     optimizer, schedule, accumulation = SNIPPETS[name]
@@ -246,27 +248,24 @@ def test_the_torch_snippet_sets_the_scheduled_hyper_parameters(name: str) -> Non
     configs = {hyper: load_config({"optimizer": optimizer, "accumulation": accumulation, "precision": {"dtype": "float64"},
                                    "schedule": schedule if hyper else {k: v for k, v in schedule.items() if k != "hyper"}})
                for hyper in (True, False)}  # control: the snippet of the config without the hyper schedules
-    with Backend("torch").context():
-        want = run_backend("torch", configs[True], values, windows, updates_per_epoch=upe)
+    backend, make = ("torch", torch_code) if framework == "torch" else ("jax", optax_code)
+    with Backend(backend).context():
+        want = run_backend(backend, configs[True], values, windows, updates_per_epoch=upe)
     results = {}
     for hyper, config in configs.items():
-        with Backend("torch").context():
+        with Backend(backend).context():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                results[hyper] = run_snippet("torch", torch_code(config, "test", upe), config, values, windows)
+                results[hyper] = run_snippet(framework, make(config, "test", upe), config, values, windows)
             assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]  # the stand-ins are quiet
     assert compare(results[True], want, 1e-12, 1e-10)[1] is None
     assert compare(results[False], want, 1e-12, 1e-10)[1] is not None
 
 
-def test_the_optax_snippet_and_training_arguments_refuse_it() -> None:
+def test_training_arguments_refuse_it() -> None:
     from conformance.errors import UnsupportedError
     from conformance.port.write.hf_args import hf_arguments
-    from conformance.port.write.optax_code import optax_code
 
-    config = _config()
-    with pytest.raises(UnsupportedError, match=r"schedule.hyper \(momentum, weight_decay\) is not written out for optax"):
-        optax_code(config)
     with pytest.raises(UnsupportedError, match="schedule.hyper"):
         hf_arguments(load_config({"optimizer": {"name": "adamw"}, "schedule": {"name": "constant", "hyper": {
             "weight_decay": {"name": "linear", "total_iters": 3}}}, "run": {"max_updates": 10}}))

@@ -85,6 +85,6 @@ def header(config: Config, framework: str, source: str) -> str:
 
 def check_writable(config: Config, framework: str) -> None:
     """Refuse what the snippets do not write out (UnsupportedError naming the field)."""
-    if config.schedule.hyper and framework != "torch":
+    if config.schedule.hyper and framework not in ("torch", "optax"):
         raise UnsupportedError(f"schedule.hyper ({', '.join(config.schedule.hyper)}) is not written out for "
                                f"{framework} (the torch snippet writes it); twinstep's trainers and backends run it")

@@ -22,14 +22,22 @@ from conformance.port.write.schedule_code import (
     optax_schedule,
 )
 from conformance.rules.groups import group_base_lrs
-from conformance.rules.schedules import cycled_hyperparameter, start_lrs
+from conformance.rules.schedules import cycled_hyperparameter, hyper_bases, start_lrs
 
 
-def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[str]) -> str:
-    """The optax chain of one parameter group (hyper-parameter `lr_i`, and `momentum_i` if cycled)."""
+def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[str],
+                 scheduled: frozenset[str] = frozenset()) -> str:
+    """The optax chain of one parameter group (hyper-parameter `lr_i`, `momentum_i` if cycled, and
+    `<key>_i` for each [schedule.hyper] key in `scheduled`)."""
     name, hp = entry["optimizer"], entry["hyper"]
     lr = f"lr_{i}"
     out: list[str] = []
+    if scheduled and name in ("schedule_free_adamw", "schedule_free_sgd"):
+        raise UnsupportedError(f"to_code: schedule.hyper with {name} (refused by the spec's rules)")
+    if "momentum" in scheduled:
+        cycled = "momentum"  # fed `momentum_i` every update, as a cycled momentum is
+    if "beta1" in scheduled:
+        cycled = "beta1"
 
     def use(*texts: str) -> None:
         need.extend(t for t in texts if t not in need)
@@ -41,12 +49,13 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
                                f"use twinstep's JAX backend (ref_jax) for it")
     if hp.get("maximize"):
         out.append("optax.scale(-1.0)")  # torch negates the gradient before the weight decay
-    wd = hp.get("weight_decay", 0.0)
+    decays = bool(hp.get("weight_decay", 0.0)) or "weight_decay" in scheduled
+    wd = f"weight_decay_{i}" if "weight_decay" in scheduled else lit(hp.get("weight_decay", 0.0))
     decoupled = name in ("adamw", "lion", "ademamix") or bool(hp.get("decoupled_weight_decay"))
-    if wd and not decoupled and name not in ("adafactor", "muon"):
-        out.append(f"optax.add_decayed_weights({lit(wd)})")  # coupled (L2): before the moments
+    if decays and not decoupled and name not in ("adafactor", "muon"):
+        out.append(f"optax.add_decayed_weights({wd})")  # coupled (L2): before the moments
     b1 = f"momentum_{i}" if cycled == "beta1" else lit(hp["betas"][0]) if "betas" in hp else None
-    b2 = lit(hp["betas"][1]) if "betas" in hp else None
+    b2 = f"beta2_{i}" if "beta2" in scheduled else lit(hp["betas"][1]) if "betas" in hp else None
     if name == "sgd":
         mom = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
         if cycled or hp["momentum"] > 0:
@@ -114,15 +123,16 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
         use(parts.ADAFACTOR)
         e1, e2 = hp["eps"]
         out.append(f"torch_adafactor({lr}, {lit(hp['beta2_decay'])}, {None if e1 == 'auto' else lit(e1)}, "
-                   f"{lit(e2)}, {lit(hp['d'])}, {lit(wd)})")
+                   f"{lit(e2)}, {lit(hp['d'])}, {wd})")
         return "optax.chain(" + ", ".join(out) + ")"
     elif name == "muon":
         use(parts.COUNT, parts.MUON)
-        out.append(f"torch_muon({lr}, {lit(hp['momentum'])}, {hp['nesterov']}, {lit(tuple(hp['ns_coefficients']))}, "
-                   f"{hp['ns_steps']}, {lit(hp['eps'])}, {lit(wd)}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
+        mom = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
+        out.append(f"torch_muon({lr}, {mom}, {hp['nesterov']}, {lit(tuple(hp['ns_coefficients']))}, "
+                   f"{hp['ns_steps']}, {lit(hp['eps'])}, {wd}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
         return "optax.chain(" + ", ".join(out) + ")"
-    if wd and decoupled:
-        out.append(f"optax.add_decayed_weights({lit(wd)})")  # decoupled: lr * wd * p
+    if decays and decoupled:
+        out.append(f"optax.add_decayed_weights({wd})")  # decoupled: lr * wd * p
     out.append(f"optax.scale_by_learning_rate({lr})")
     return "optax.chain(\n            " + ",\n            ".join(out) + ",\n        )"
 
@@ -177,10 +187,16 @@ def tx_code(config: Config, need: list[str]) -> str:
              *(f"    {s}," for s in scheds), "]"]
     if cycled:
         lines.append(f"MOMENTUM_SCHEDULE = {momentum_schedule(config.schedule, used)}  # OneCycle's {cycled}")
-    chains = [_group_chain(e, i, cycled, need) for i, e in enumerate(entries)]
+    hyper = _hyper_names(config, used)
+    if hyper:
+        lines += ["HYPER_SCHEDULES = {  # [schedule.hyper]: each group's value at a (float) schedule step",
+                  *(f"    {n!r}: {fn}," for n, fn in hyper.items()), "}"]
+    scheduled = [frozenset(k for k, bases in hyper_bases(config.schedule, config.optimizer).items()
+                           if bases[i] is not None) for i in range(len(entries))]
+    chains = [_group_chain(e, i, cycled, need, scheduled[i]) for i, e in enumerate(entries)]
     clip = _clip(config, need)
     names = [f"lr_{i}" for i in range(len(entries))] + ([f"momentum_{i}" for i in range(len(entries))]
-                                                        if cycled else [])
+                                                        if cycled else []) + list(hyper)
     args = ", ".join(names)
     if len(entries) == 1:
         inner = "\n".join(line[4:] if i else line for i, line in enumerate(chains[0].split("\n")))
@@ -197,6 +213,18 @@ def tx_code(config: Config, need: list[str]) -> str:
             return {name: f"g{group_index(name, p.ndim)}" for name, p in params.items()}
         ''')
     return "\n\n\n".join(filter(None, [helpers(used), "\n".join(lines), labels, tx]))
+
+
+def _hyper_names(config: Config, used: set[str]) -> dict[str, str]:
+    """[schedule.hyper]'s injected names (`<key>_i`; beta1 and momentum as `momentum_i`, the name a
+    cycled one has) and each one's optax schedule from the group's own value."""
+    out = {}
+    for key, bases in hyper_bases(config.schedule, config.optimizer).items():
+        for i, base in enumerate(bases):
+            if base is not None:
+                name = f"momentum_{i}" if key in ("momentum", "beta1") else f"{key}_{i}"
+                out[name] = optax_schedule(config.schedule.hyper[key], used, lit(base))  # type: ignore[index]
+    return out
 
 
 IMPORTS = "import fnmatch\nimport math\nfrom typing import NamedTuple\n\nimport jax\nimport jax.numpy as jnp\nimport optax"

@@ -203,8 +203,9 @@ def torch_adafactor(lr, beta2_decay, eps1, eps2, d, weight_decay):
 
 MUON = '''
 def lerp(a, b, w):
-    """torch's lerp, operation for operation (bfloat16 Newton-Schulz amplifies any last-bit change)."""
-    return a + w * (b - a) if abs(w) < 0.5 else b - (b - a) * (1 - w)
+    """torch's lerp, operation for operation (bfloat16 Newton-Schulz amplifies any last-bit change);
+    `w` may be traced (a scheduled momentum)."""
+    return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
 def orthogonalize(g, coefficients, steps, eps, dtype):

@@ -170,6 +170,8 @@ def step_code(config: Config) -> str:
     if _momentum_marker(config):
         step += _lines('hyper.update({f"momentum_{i}": jnp.asarray(MOMENTUM_SCHEDULE(s), PARAM_DTYPE) '
                        'for i in range(len(LR_SCHEDULES))})', 8)
+    if config.schedule.hyper:
+        step += _lines('hyper.update({n: jnp.asarray(fn(s), PARAM_DTYPE) for n, fn in HYPER_SCHEDULES.items()})', 8)
     step += _lines('''
         opt_state = state.opt_state._replace(hyperparams={**state.opt_state.hyperparams, **hyper})
         updates, new_opt = TX.update(grads, opt_state, state.params)
