@@ -296,3 +296,49 @@ def test_optax_inject_hyperparams_is_the_same_math_at_float64_counts(name: str, 
         worst = max(float(np.max(np.abs(got[t][k] - np.asarray(data["expected"]["params"][t][k]))))
                     for t in range(len(windows)) for k in params)
         assert (worst < 1e-14) is keep, (keep, worst)
+
+
+LINEAR_B1 = {"linear_schedule": {"init_value": 0.85, "end_value": 0.95, "transition_steps": 5}}
+OPTAX_WRITTEN = {  # optax.inject_hyperparams(alias)(...) with schedules for other arguments than the lr
+    "adamw-b1-warmup-wd-cosine": {"inject_hyperparams": {"adamw": {
+        "learning_rate": {"cosine_decay_schedule": {"init_value": 0.05, "decay_steps": 12}}, "b1": LINEAR_B1,
+        "weight_decay": {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 12}}}}},
+    "sgd-momentum-warmup": {"inject_hyperparams": {"sgd": {"learning_rate": 0.1, "nesterov": True, "momentum": {
+        "linear_schedule": {"init_value": 0.85, "end_value": 0.95, "transition_steps": 4}}}, "static_args": ["nesterov"]}},
+    "adam-b2-exponential": {"inject_hyperparams": {"adam": {"learning_rate": 0.02, "b2": {
+        "exponential_decay": {"init_value": 0.999, "transition_steps": 1, "decay_rate": 0.99}}}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTAX_WRITTEN))
+def test_optax_written_with_scheduled_hyper_parameters_ports_exactly(name: str) -> None:
+    # the reference is optax itself (conformance.port.verify.native: the same description built into
+    # optax's transforms, schedules at float64 counts); control: the spec without its hyper schedules
+    from conformance.harness.backends import Backend
+    from conformance.port import from_optax
+    from conformance.port.verify.native import run_native_optax
+    from conformance.port.verify.traces import compare, gradient_stream, run_backend
+
+    spec = from_optax({"optax": OPTAX_WRITTEN[name]})
+    assert spec["schedule"]["hyper"]
+    values = {k: v * 0.5 for k, v in gradient_stream(SNIPPET_SHAPES, 1, seed=9)[0][0]["g"].items()}
+    windows = gradient_stream(SNIPPET_SHAPES, 10)
+    with Backend("jax").context():
+        want = run_native_optax(OPTAX_WRITTEN[name], values, windows)
+    plain = {**spec, "schedule": {k: v for k, v in spec["schedule"].items() if k != "hyper"}}
+    for backend in ("torch", "jax"):
+        with Backend(backend).context():
+            ok = compare(run_backend(backend, load_config({**spec, "precision": {"dtype": "float64"}}), values,
+                                     windows), want)[1]
+            off = compare(run_backend(backend, load_config({**plain, "precision": {"dtype": "float64"}}), values,
+                                      windows), want)[1]
+        assert ok is None and off is not None, (backend, ok)
+
+
+def test_a_schedule_outside_inject_hyperparams_is_refused() -> None:
+    from conformance.errors import UnsupportedError
+    from conformance.port import from_optax
+
+    with pytest.raises(UnsupportedError, match=r"optax.adam.b1 is a schedule: .* wrap the transform in "
+                                               r"inject_hyperparams"):
+        from_optax({"optax": {"adam": {"learning_rate": 0.1, "b1": LINEAR_B1}}})

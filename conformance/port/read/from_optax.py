@@ -266,14 +266,45 @@ def _state_dtypes(bs: list[Block], precision: Mapping[str, Any]) -> None:
                                        f"(O-STATE-DTYPE): leave it unset or write {master!r}")
 
 
+# Building blocks whose arguments optax.inject_hyperparams may schedule: argument -> [schedule.hyper] key.
+_BETAS = {"b1": "beta1", "b2": "beta2"}
+HYPER_ARGS: dict[str, dict[str, str]] = {
+    "scale_by_adam": _BETAS, "scale_by_amsgrad": _BETAS, "scale_by_adamax": _BETAS, "scale_by_lion": _BETAS,
+    "trace": {"decay": "momentum"}, "add_decayed_weights": {"weight_decay": "weight_decay"},
+}
+
+
+def _hyper_schedules(bs: list[Block]) -> tuple[list[Block], dict[str, Any]]:
+    """Arguments given as schedules inside inject_hyperparams: the blocks with each schedule's base
+    value in its place, and the `[schedule.hyper]` tables (relative to that base, as the lr's)."""
+    out, hyper = [], {}
+    for b in bs:
+        args = dict(b.args)
+        for arg, key in HYPER_ARGS.get(b.name, {}).items():
+            if not isinstance(args.get(arg), Mapping):
+                continue
+            where = f"{b.where}.{arg}"
+            if "inject_hyperparams" not in b.where:
+                raise UnsupportedError(f"{where} is a schedule: optax takes one for the learning rate only; wrap the "
+                                       f"transform in inject_hyperparams to schedule {arg}")
+            if key in hyper:
+                raise UnsupportedError(f"{where}: a second schedule of {key}; [schedule.hyper] holds one per key")
+            args[arg], hyper[key] = schedule(args[arg], where)
+        out.append(b._replace(args=args))
+    return out, hyper
+
+
 def from_optax(description: Any) -> dict[str, Any]:
     """The spec sections (optimizer, schedule, clip, accumulation; other twinstep sections of the
     file pass through) of an optax-flavoured description, keeping optax's semantics exactly."""
     data = _load(description)
     bs, multi, no_decay = read(data["optax"])
     _state_dtypes(bs, data.get("precision") or {})
+    bs, hyper = _hyper_schedules(bs)
     fields, clip, lr, lr_where = optimizer(bs)
     base, sched = schedule(lr, lr_where)
+    if hyper:
+        sched = {**sched, "hyper": hyper}
     out: dict[str, Any] = {k: v for k, v in data.items() if k != "optax"}
     out["optimizer"] = {**fields, "lr": base, **({"no_weight_decay": no_decay} if no_decay else {})}
     out["schedule"] = sched
