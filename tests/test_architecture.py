@@ -144,6 +144,7 @@ RULES = [
 # twinstep's mathematics (the twins, the oracle, the port snippets, the harness).
 NATIVE_RULES = ("conformance.rules.inputs.check_loss_inputs", "conformance.rules.groups.resolve_groups",
                 "conformance.rules.groups.group_base_lrs", "conformance.rules.groups.ParamGroup",
+                "conformance.rules.schedules.hyper_bases",  # each group's base value of a [schedule.hyper] key
                 "conformance.rules.trajectory.check_trajectory_inputs", "conformance.rules.state.check_state",
                 "conformance.rules.schedules.check_schedule", "conformance.rules.schedules.check_metrics",
                 "conformance.rules.schedules.spots", "conformance.rules.windows.prepare_windows",
