@@ -2,7 +2,8 @@
 is the torch run's continuation; a JAX checkpoint resumes in the torch trainer, likewise.
 
 The run carries every kind of state across the switch: AdamW moments and per-parameter counts,
-a cosine schedule held by a skipped update (the position is not the update count), the dynamic
+a cosine schedule held by a skipped update (the position is not the update count) with
+[schedule.hyper] schedules of beta1 and the weight decay held with it, the dynamic
 loss scale after a backoff, the skip counters, incomplete accumulation windows and an epoch
 boundary. float64, so "the same trajectory" means ≤ 1e-10 relative (conformance.run.compare).
 Negative control: a JAX resume that forgets the optimizer state, the loss scale or the schedule
@@ -28,7 +29,9 @@ CONFIG = {
     "model": {"name": "mlp", "hidden": [12]},
     "data": {"name": "binary_blobs", "n_samples": 240, "batch_size": 30},  # 192 train: windows (3, 3, 1)
     "optimizer": {"name": "adamw", "lr": 1e-2, "weight_decay": 0.05},
-    "schedule": {"name": "cosine", "t_max": TOTAL},
+    "schedule": {"name": "cosine", "t_max": TOTAL, "hyper": {  # beta1 warming up, decay following the lr
+        "beta1": {"name": "linear", "start_factor": 0.5, "total_iters": 8}, "weight_decay": {"name": "cosine",
+                                                                                             "t_max": TOTAL}}},
     "clip": {"max_norm": 0.5},
     "accumulation": {"steps": 3},
     "precision": {"dtype": "float64", "loss_scale": "dynamic", "init_scale": 256.0, "growth_interval": 2},
