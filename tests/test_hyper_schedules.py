@@ -342,3 +342,34 @@ def test_a_schedule_outside_inject_hyperparams_is_refused() -> None:
     with pytest.raises(UnsupportedError, match=r"optax.adam.b1 is a schedule: .* wrap the transform in "
                                                r"inject_hyperparams"):
         from_optax({"optax": {"adam": {"learning_rate": 0.1, "b1": LINEAR_B1}}})
+
+
+SCHEDULE_CASES = sorted((ROOT / "conformance" / "cases" / "schedule" / "hyper").glob("*.toml"))
+
+
+def test_the_generator_reproduces_the_hyper_schedule_cases(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_hyper", ROOT / "tools" / "gen_hyper_schedule_cases.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.generate(tmp_path)
+    assert sorted(p.name for p in written) == [p.name for p in SCHEDULE_CASES]
+    assert all(p.read_text() == (tmp_path / p.name).read_text() for p in SCHEDULE_CASES)
+
+
+@pytest.mark.parametrize("path", SCHEDULE_CASES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("backend", ["torch", "jax", "oracle"])
+def test_a_hyper_value_one_update_late_fails_the_schedule_case(path: Path, backend: str, tmp_path: Path) -> None:
+    # negative control: the expected hyper values shifted by one update (an off-by-one in the counting)
+    from conformance.harness.backends import Backend
+    from conformance.harness.runner import run_case
+
+    data = tomllib.loads(path.read_text())
+    assert run_case(load_case(path), Backend(backend)).passed
+    for key, rows in data["expected"]["hyper"].items():
+        shifted = tmp_path / f"{key}.toml"
+        late = {**data, "expected": {**data["expected"], "hyper": {**data["expected"]["hyper"],
+                                                                   key: [rows[0], *rows[:-1]]}}}
+        shifted.write_text(tomlio.dumps(late))
+        assert not run_case(load_case(shifted), Backend(backend)).passed, key

@@ -10,7 +10,8 @@
     [expected]   lr: values at t = 0..steps-1 (or at the `at` updates), one list when there is one
                  param group, else a list of rows [lr of each group] (groups in file order, the
                  default group last); optional momentum: onecycle's / cyclic's cycled momentum /
-                 beta1, shaped like lr
+                 beta1, shaped like lr; optional hyper = {key = values}: each [schedule.hyper.<key>]
+                 value, shaped like lr, nan in the groups whose optimizer does not read the key
 
 Every backend runs `schedules.schedule_values(schedule, optimizer, steps, updates_per_epoch)`,
 with `at=` and `metrics=` only when the case gives them (so a backend without them still runs
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from conformance.config.base import PosInt
+from conformance.errors import UnsupportedError
 from conformance.harness.arrays import Array, CaseTable
 from conformance.harness.backends import Backend, require_parameters
 from conformance.harness.case import Case
@@ -42,6 +44,7 @@ class Inputs(CaseTable):
 class Expected(CaseTable):
     lr: Array
     momentum: Array | None = None
+    hyper: dict[str, Array] | None = None
 
 
 def steps(case: Case) -> int:
@@ -84,8 +87,13 @@ def check_case(case: Case) -> None:
     rows = len(case.inputs.at) if case.inputs.at is not None else steps(case)
     what = "len(inputs.at)" if case.inputs.at is not None else "inputs.steps"
     groups = len(group_base_lrs(case.sections["optimizer"]))
-    for name in ("lr", "momentum"):
-        want = getattr(case.expected, name)
+    schedule = case.sections["schedule"]
+    hyper = case.expected.hyper or {}
+    unknown = sorted(set(hyper) - set(schedule.hyper or {}))
+    if unknown:
+        raise ValueError(f"expected.hyper.{unknown[0]} has no [schedule.hyper.{unknown[0]}] to come from")
+    for name, want in [("lr", case.expected.lr), ("momentum", case.expected.momentum),
+                       *((f"hyper.{k}", v) for k, v in hyper.items())]:
         if want is None:
             continue
         shape = (rows,) if groups == 1 and want.ndim == 1 else (rows, groups)
@@ -94,7 +102,6 @@ def check_case(case: Case) -> None:
                 f"expected.{name} has shape {want.shape}; {what} = {rows} with {groups} param "
                 f"group(s) needs {shape}" + (" (one row of per-group values per update)" if groups > 1 else "")
             )
-    schedule = case.sections["schedule"]
     if case.expected.momentum is not None and not (schedule.name in ("onecycle", "cyclic") and schedule.cycle_momentum):
         raise ValueError("expected.momentum needs schedule.name = 'onecycle' or 'cyclic' with cycle_momentum = true")
 
@@ -109,9 +116,12 @@ def run(case: Case, backend: Backend) -> dict[str, Any]:
     require_parameters(backend.name, fn, "schedules.schedule_values", extra)
     out = fn(case.sections["schedule"], case.sections["optimizer"], steps(case), case.inputs.updates_per_epoch,
              **extra)
+    if case.expected.hyper and not isinstance(out.get("hyper"), dict):
+        raise UnsupportedError(f"{backend.name}'s schedules.schedule_values returns no 'hyper' values (the "
+                               "[schedule.hyper] hyper-parameters per update)")
     got: dict[str, Any] = {}
     for name, want in expected_values(case).items():
-        value = out[name]
+        value = out["hyper"][name[len("hyper."):]] if name.startswith("hyper.") else out[name]
         if value is None:
             got[name] = None
             continue
@@ -122,4 +132,5 @@ def run(case: Case, backend: Backend) -> dict[str, Any]:
 
 def expected_values(case: Case) -> dict[str, Any]:
     exp = case.expected
-    return {k: getattr(exp, k).astype(np.float64) for k in ("lr", "momentum") if getattr(exp, k) is not None}
+    out = {k: getattr(exp, k).astype(np.float64) for k in ("lr", "momentum") if getattr(exp, k) is not None}
+    return {**out, **{f"hyper.{k}": v.astype(np.float64) for k, v in (exp.hyper or {}).items()}}
