@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as sched
@@ -36,6 +37,7 @@ from conformance.errors import ConfigError, InputError
 from conformance.rules.plateau import Plateau
 from conformance.rules.schedules import hyper_field, hyper_value, start_lrs
 
+_STEP_ORDER = re.escape("Detected call of `lr_scheduler.step()`")  # torch's warning for a step before optimizer.step()
 # Keys a previous scheduler leaves in param groups; a rebuilt scheduler must not inherit them.
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
 
@@ -277,7 +279,7 @@ def build_scheduler(
     with warnings.catch_warnings():
         # replaying t updates without optimizer.step() is intended here, and so is the step a
         # SequentialLR gives a chained first part when it is built (S-SEQ-CHAINED)
-        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        warnings.filterwarnings("ignore", message=_STEP_ORDER)
         scheduler = _make(spec, optimizer, start_lrs(spec, base))
         if spec.unit == "epoch":
             scheduler = PerEpochLR(optimizer, scheduler, updates_per_epoch)
@@ -298,19 +300,14 @@ class HyperSchedules:
         self.parts: list[tuple[str, Any, Optimizer, list[bool]]] = []
         for key, part in (spec.hyper or {}).items():
             bases = [None if (v := hyper_value(key, g)) is None else float(v) for g in optimizer.param_groups]
-            stand_in = torch.optim.SGD([{"params": [torch.zeros(1)], "lr": 0.0 if b is None else b} for b in bases])
-            self.parts.append((key, build_scheduler(part, stand_in, updates_per_epoch, start=start), stand_in,
-                               [b is not None for b in bases]))
+            self.parts.append((key, *_stand_in(part, bases, updates_per_epoch, start), [b is not None for b in bases]))
         self._write()
 
     def step(self) -> None:
         """Advance the lr and every hyper-parameter by one update and set the groups' values."""
         self.scheduler.step()
-        with warnings.catch_warnings():
-            # a stand-in optimizer never steps: its scheduler carries values only
-            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-            for _, scheduler, _, _ in self.parts:
-                scheduler.step()
+        for _, scheduler, _, _ in self.parts:
+            _quiet_step(scheduler)
         self._write()
 
     def _write(self) -> None:
@@ -319,6 +316,32 @@ class HyperSchedules:
                 if read:
                     field, value = hyper_field(key, group, float(shadow["lr"]))
                     group[field] = value
+
+
+def _stand_in(spec: ScheduleSpec, bases: Sequence[float | None], updates_per_epoch: int,
+              start: int = 0) -> tuple[Any, Optimizer]:
+    """(scheduler of `spec`, the stand-in SGD it moves): one group per base, whose lr carries the
+    hyper-parameter's value (0 where a group does not read it)."""
+    stand_in = torch.optim.SGD([{"params": [torch.zeros(1, dtype=torch.float64)], "lr": 0.0 if b is None else b}
+                                for b in bases])
+    return build_scheduler(spec, stand_in, updates_per_epoch, start=start), stand_in
+
+
+def _quiet_step(scheduler: Any) -> None:
+    with warnings.catch_warnings():  # a stand-in optimizer never steps: its scheduler carries values only
+        warnings.filterwarnings("ignore", message=_STEP_ORDER)
+        scheduler.step()
+
+
+def hyper_values(spec: ScheduleSpec, bases: Sequence[float | None], n: int, updates_per_epoch: int = 1) -> Any:
+    """A hyper-parameter's values at updates 0..n-1: its scheduler stepped on a stand-in optimizer
+    whose lrs carry them (as HyperSchedules does), NaN where a group does not read it (a (n, groups) array)."""
+    scheduler, opt = _stand_in(spec, bases, updates_per_epoch)
+    out = np.empty((n, len(bases)))
+    for t in range(n):
+        out[t] = [np.nan if b is None else float(g["lr"]) for g, b in zip(opt.param_groups, bases)]
+        _quiet_step(scheduler)
+    return out
 
 
 def build_hyper(spec: ScheduleSpec, optimizer: Optimizer, scheduler: Any, updates_per_epoch: int = 1,

@@ -15,8 +15,6 @@ asked for. Closed forms: conformance/oracle/schedules.py.
 
 from __future__ import annotations
 
-import re
-import warnings
 from typing import Any
 
 import numpy as np
@@ -31,7 +29,7 @@ from conformance.rules.schedules import (
     hyper_bases,
     spots,
 )
-from ref_torch._schedules import build_scheduler
+from ref_torch._schedules import build_scheduler, hyper_values
 
 __all__ = ["schedule_values"]
 
@@ -71,20 +69,6 @@ def schedule_values(
             if observed is not None:
                 scheduler.step(float(observed[t]))  # the metric observed after update t
     return {"lr": lr[rows], "momentum": None if momentum is None else momentum[rows], "momentum_name": name,
-            "hyper": {key: _hyper_column(schedule.hyper[key], bases, last + 1, updates_per_epoch)[rows]  # type: ignore[index]
+            "hyper": {key: hyper_values(schedule.hyper[key], bases, last + 1, updates_per_epoch)[rows]  # type: ignore[index]
                       for key, bases in hyper_bases(schedule, optimizer).items()}}
 
-
-def _hyper_column(spec: ScheduleSpec, bases: list[float | None], n: int, updates_per_epoch: int) -> np.ndarray:
-    """A hyper-parameter's values at updates 0..n-1: its scheduler stepped on a stand-in optimizer
-    whose lrs carry them (as ref_torch._schedules.HyperSchedules does), NaN where a group does not read it."""
-    opt = torch.optim.SGD([{"params": [torch.zeros(1, dtype=torch.float64)], "lr": 0.0 if b is None else b}
-                           for b in bases])
-    scheduler = build_scheduler(spec, opt, updates_per_epoch)
-    out = np.empty((n, len(bases)))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-        for t in range(n):
-            out[t] = [np.nan if b is None else float(g["lr"]) for g, b in zip(opt.param_groups, bases)]
-            scheduler.step()
-    return out

@@ -119,6 +119,8 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_torch._schedules", "HyperSchedules"): "torch has no scheduler for other hyper-parameters: stand-in "
                                                 "optimizers carry their values, written into the groups; JAX "
                                                 "injects them into the jitted step from tables",
+    ("ref_torch._schedules", "hyper_values"): "torch steps a stand-in scheduler to read a hyper-parameter's values; "
+                                              "JAX evaluates build_hyper's pure schedules at the counts",
     ("ref_jax._schedules", "Schedule"): _COUNT,
     ("ref_jax._schedules", "GroupSchedules"): _COUNT,
     ("ref_jax._schedules", "schedule_step"): _COUNT,
