@@ -4,6 +4,12 @@ Notation: b is a group's base lr (onecycle: its peak, `max_lr` or the base lr), 
 step: s = t for unit = "update", s = t // updates_per_epoch for unit = "epoch". Update t applies
 the value at s (docs/contract.md §2). W = warmup_steps, T = total_steps, η = eta_min, sf = start_factor.
 
+The formulas below are the mathematics; each is evaluated so that it keeps its digits where the
+value is small (tests/test_schedules_exact.py: ≤ 1e-12 relative against mpmath at 60 digits):
+(1 + cos x)/2 as cos²(x/2) or sin² of the complementary angle, 1 − s/n as (n − s)/n, an
+interpolation from start to end as start·w + end·(1 − w), CyclicLR's position in its cycle in
+integers. torch and optax evaluate them as written and lose digits there (docs/divergences.md).
+
     constant        b; with factor f: b·f for s < total_iters, then b             (ConstantLR)
     step            b·γ^⌊s / step_size⌋; with end_factor e: b·max(γ^⌊s/k⌋, e) (γ < 1) or
                     b·min(γ^⌊s/k⌋, e) (γ > 1), optax's end_value                     (StepLR)
@@ -67,11 +73,25 @@ Fn = Callable[[np.ndarray], np.ndarray]  # schedule step s (int64 array) -> valu
 
 
 def _warmup(b: float, sf: float, w: int) -> Fn:
-    return lambda s: b * (sf + (1.0 - sf) * s / w) if w > 0 else np.full(s.shape, b)
+    # b·(sf + (1 − sf)·s/W) as b·(sf·(W − s) + s)/W: two terms >= 0, no 1 − s/W that cancels near s = W
+    return lambda s: b * (sf * (w - s) + s) / w if w > 0 else np.full(s.shape, b)
+
+
+def _half_cos(a: Any, c: Any, d: Any) -> np.ndarray:
+    """(1 + cos(π·a/d))/2 where a + c = d, a, c >= 0: cos²(π·a/2d) or sin²(π·c/2d), whichever
+    argument is the smaller, so that no 1 + cos(·) cancels near the trough (at a = d − 1 and d = 10⁶
+    that sum keeps 4 digits)."""
+    a, c = np.asarray(a, np.float64), np.asarray(c, np.float64)
+    return np.where(a <= c, np.cos(np.pi * a / (2 * d)) ** 2, np.sin(np.pi * c / (2 * d)) ** 2)
 
 
 def _cosine(b: float, eta: float, length: int) -> Fn:
-    return lambda u: eta + (b - eta) * (1 + np.cos(np.pi * u / length)) / 2
+    def fn(u: np.ndarray) -> np.ndarray:
+        r = np.mod(u, 2 * length)  # the cosine's period is 2·length (torch's climbs back) and it is even
+        a = np.minimum(r, 2 * length - r)
+        return eta + (b - eta) * _half_cos(a, length - a, length)
+
+    return fn
 
 
 def warmup_cosine(spec: ScheduleSpec, b: float) -> Fn:
@@ -105,7 +125,7 @@ def _restarts(spec: ScheduleSpec, b: float) -> Fn:
                 lengths.append(lengths[-1] * mult)
             i = np.searchsorted(np.asarray(starts), s, side="right") - 1
             t_cur, t_i = s - np.asarray(starts)[i], np.asarray(lengths)[i]
-        return eta + (b - eta) * spec.m_mul ** i * (1 + np.cos(np.pi * t_cur / t_i)) / 2
+        return eta + (b - eta) * spec.m_mul ** i * _half_cos(t_cur, t_i - t_cur, t_i)
 
     return fn
 
@@ -119,22 +139,24 @@ def _bounded(gamma: float, end: float | None, value: np.ndarray) -> np.ndarray:
 
 def _cyclic_height(spec: ScheduleSpec, s: np.ndarray) -> np.ndarray:
     """torch's CyclicLR: the fraction h·g of the amplitude at schedule step s."""
-    total = float(spec.step_size_up + spec.step_size_down)
-    ratio = spec.step_size_up / total
-    cycle = np.floor(1 + s / total)
-    x = 1.0 + s / total - cycle
-    h = np.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
+    up, down = spec.step_size_up, spec.step_size_down
+    # torch's x = 1 + s/(U + D) − cycle, in integers: q = s mod (U + D) steps into the cycle, so that
+    # no float 1 + s/(U + D) − cycle loses the digits of x late in a run
+    q = np.mod(s, up + down)
+    h = np.where(q <= up, q / up, (up + down - q) / down)
     if spec.mode == "triangular":
         return h
     if spec.mode == "triangular2":
-        return h * (1 / (2.0 ** (cycle - 1)))
+        return h * (1 / (2.0 ** (s // (up + down))))
     return h * spec.gamma ** s.astype(np.float64)
 
 
-def _anneal(kind: str, start: float, end: float, pct: np.ndarray) -> np.ndarray:
+def _anneal(kind: str, start: float, end: float, a: np.ndarray, c: np.ndarray, d: float) -> np.ndarray:
+    # torch's end + (start − end)·(1 + cos(π·pct))/2 and (end − start)·pct + start, pct = a/d, c = d − a,
+    # as start·w + end·(1 − w): two terms >= 0, so that an anneal to end = start/10⁴ keeps its digits
     if kind == "cos":
-        return end + (start - end) / 2.0 * (np.cos(np.pi * pct) + 1)
-    return (end - start) * pct + start
+        return start * _half_cos(a, c, d) + end * _half_cos(c, a, d)
+    return start * (c / d) + end * (a / d)
 
 
 def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> Fn:
@@ -144,7 +166,7 @@ def _onecycle(spec: ScheduleSpec, phases: list[tuple[float, float, float]]) -> F
         begin = 0.0
         for i, (end, a, b) in enumerate(phases):
             here = ~done & ((s <= end) | (i == len(phases) - 1))
-            out = np.where(here, _anneal(spec.anneal_strategy, a, b, (s - begin) / (end - begin)), out)
+            out = np.where(here, _anneal(spec.anneal_strategy, a, b, s - begin, end - s, end - begin), out)
             done |= here
             begin = end
         return out
@@ -157,13 +179,13 @@ def _wsd(spec: ScheduleSpec, b: float) -> Fn:
     warm = _warmup(b, spec.start_factor, w)
 
     def fn(s: np.ndarray) -> np.ndarray:
-        p = np.clip((s - (total - d)) / d, 0.0, 1.0)
+        a = np.clip(s - (total - d), 0, d)  # p = a/d, and 1 − p = (d − a)/d without a subtraction from 1
         if spec.decay_type == "linear":
-            shape = 1.0 - p
+            shape = (d - a) / d
         elif spec.decay_type == "cosine":
-            shape = (1 + np.cos(np.pi * p)) / 2
+            shape = _half_cos(a, d - a, d)
         else:
-            shape = 1.0 - np.sqrt(p)
+            shape = (d - a) / d / (1 + np.sqrt(a / d))  # 1 − √p = (1 − p)/(1 + √p)
         decay = eta + (b - eta) * shape
         return np.where(s < w, warm(s), np.where(s < total - d, b, decay))
 
@@ -187,10 +209,10 @@ def lr_function(spec: ScheduleSpec, b: float) -> Fn:
         return _cosine(b, spec.eta_min, spec.t_max)
     if name == "linear":
         n, sf, ef = spec.total_iters, spec.start_factor, spec.end_factor
-        return lambda s: b * (sf + (ef - sf) * np.minimum(s, n) / n)
+        return lambda s: b * (sf * (n - np.minimum(s, n)) + ef * np.minimum(s, n)) / n  # both terms >= 0
     if name == "polynomial":
         n, ef = spec.total_iters, spec.end_factor
-        return lambda s: b * (ef + (1.0 - ef) * (1.0 - np.minimum(s, n) / n) ** spec.power)
+        return lambda s: b * (ef + (1.0 - ef) * ((n - np.minimum(s, n)) / n) ** spec.power)
     if name == "onecycle":
         return _onecycle(spec, onecycle_phases(spec, b))
     if name == "cosine_restarts":
