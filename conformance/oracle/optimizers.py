@@ -4,6 +4,8 @@ Notation: p parameter, g gradient, t the parameter's update count after this upd
 lr, wd (weight_decay), β1, β2 (betas), ε (eps). Every update starts with g ← −g when maximize;
 "coupled" weight decay is g ← g + wd·p, "decoupled" (adamw, lion, adafactor, muon, and any
 optimizer with decoupled_weight_decay) is p ← p·(1 − lr·wd) before the step, lr the group's lr.
+Bias corrections 1 − βᵗ and RAdam's ρ_t are evaluated in forms that keep their digits for β near 1
+(`conformance.oracle.corrections`; torch writes them as they read, docs/divergences.md O-CANCEL).
 
     sgd      b ← g on the first update, else μ·b + (1 − dampening)·g;  d = g + μ·b (nesterov) or b;
              p ← p − lr·d                                          (μ = 0: d = g, no buffer)
@@ -63,6 +65,7 @@ import numpy as np
 
 from conformance.config.ema import EmaSpec
 from conformance.config.optimizer import ALWAYS_DECOUPLED, SCHEDULE_FREE, OptimizerSpec
+from conformance.oracle.corrections import bias_correction, radam_rho
 from conformance.oracle.ema import update_ema
 from conformance.rules.groups import group_of, resolve_groups
 from conformance.rules.trajectory import check_trajectory_inputs, objective_grads
@@ -180,16 +183,16 @@ def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, 
     if optimizer == "adamax":
         if hp["eps_hat"]:
             s["u"] = np.maximum(b2 * s["u"], np.abs(g))
-            return p - lr / (1 - b1 ** t) * s["m"] / (s["u"] + eps), s
+            return p - lr / bias_correction(b1, t) * s["m"] / (s["u"] + eps), s
         s["u"] = np.maximum(b2 * s["u"], np.abs(g) + eps)
-        return p - lr / (1 - b1 ** t) * s["m"] / s["u"], s
+        return p - lr / bias_correction(b1, t) * s["m"] / s["u"], s
     s["v"] = b2 * s["v"] + (1 - b2) * g * g
-    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    bc1, bc2 = bias_correction(b1, t), bias_correction(b2, t)
     if optimizer == "nadam":
         return _nadam(hp, p, g, s, t, bc2), s
     if optimizer == "radam":
         rho_inf = 2 / (1 - b2) - 1
-        rho = rho_inf - 2 * t * b2 ** t / bc2
+        rho = radam_rho(b2, t)
         m_hat = s["m"] / bc1
         if rho > 5:
             rect = np.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
@@ -237,7 +240,8 @@ def _ademamix(hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State, t: 
     s["m"] = b1 * s["m"] + (1 - b1) * g
     s["m_slow"] = b3 * s["m_slow"] + (1 - b3) * g
     s["v"] = b2 * s["v"] + (1 - b2) * g * g
-    u = (s["m"] / (1 - b1 ** t) + alpha * s["m_slow"]) / (np.sqrt(s["v"]) / np.sqrt(1 - b2 ** t) + hp["eps"])
+    bc1, bc2 = bias_correction(b1, t), bias_correction(b2, t)
+    u = (s["m"] / bc1 + alpha * s["m_slow"]) / (np.sqrt(s["v"]) / np.sqrt(bc2) + hp["eps"])
     return p - hp["lr"] * (u + hp["weight_decay"] * p)
 
 
@@ -287,7 +291,7 @@ def _schedule_free(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.n
     if optimizer == "schedule_free_adamw":
         beta, b2 = hp["betas"]
         s["v"] = b2 * s["v"] + (1 - b2) * g * g
-        u = g / (np.sqrt(s["v"] / (1 - b2 ** t)) + hp["eps"])
+        u = g / (np.sqrt(s["v"] / bias_correction(b2, t)) + hp["eps"])
     else:
         beta, u = hp["momentum"], g
     u = u + hp["weight_decay"] * p  # the decay is taken at y, the parameter in training
