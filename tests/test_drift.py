@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conformance.cli import main
-from conformance.cli.drift_runs import Planned, chains
+from conformance.cli.drift_runs import Planned, chains, worker_threads
 from conformance.config import load_config
 from conformance.run.drift import MULTIPLE, exact_overrides, nudge_lr, nudge_weights, relative_distance
 
@@ -83,6 +83,11 @@ def test_each_chain_holds_one_framework_and_each_float64_run_follows_its_twin(jo
     got = chains(_plan(2), jobs)
     assert [[p.name for p in chain] for chain in got] == expected
     assert sorted(p.name for chain in got for p in chain) == sorted(p.name for p in _plan(2))  # every run once
+
+
+@pytest.mark.parametrize("cores, workers, threads", [(2, 2, 1), (16, 2, 8), (16, 6, 2), (2, 6, 1), (4, 1, 4)])
+def test_each_worker_gets_its_share_of_the_cores(cores: int, workers: int, threads: int) -> None:
+    assert worker_threads(cores, workers) == threads
 
 
 def test_a_run_that_fails_stops_the_drift_naming_it_and_its_log(tmp_path: Path, capsys) -> None:

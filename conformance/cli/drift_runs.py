@@ -3,7 +3,8 @@
 Each worker trains a chain of runs of one framework one after another, each exactly as `twinstep
 train` would (the same command, in the worker's process), so a chain pays for starting Python, importing
 its framework and (JAX) compiling the step once instead of once per run: the JAX workers keep their
-compiled programs in one directory, so a self-run loads the step its twin compiled. A twin's float64
+compiled programs in one directory, so a self-run loads the step its twin compiled; each worker's torch
+runs on its share of the cores (`worker_threads`), so that two workers do not fight over them. A twin's float64
 run follows it in its chain, since it skips the updates that twin skipped. Each run's output goes to
 RUNS/NAME.log; a run that fails stops the others and is one TwinstepError naming it and its log.
 """
@@ -49,19 +50,28 @@ def chains(plan: Sequence[Planned], jobs: int) -> list[list[Planned]]:
     return out
 
 
+def worker_threads(cores: int, workers: int) -> int:
+    """Each worker's share of the cores for torch's intra-op pool (at least 1)."""
+    return max(1, cores // max(1, workers))
+
+
 def train_all(config: str, plan: Sequence[Planned], runs: Path, jobs: int) -> dict[str, list[str]]:
     """Train every planned run under `runs`, one `spawn` worker process per chain (at most `jobs`);
     returns each run's overrides as trained (a float64 run's include its twin's skipped updates). The
     first failure kills the other workers (SIGKILL: a trainer answers SIGTERM by saving first)."""
+    from conformance.cli.conform import default_jobs  # not at the top: the workers import this module
+
     runs.mkdir(exist_ok=True)
     ctx = mp.get_context("spawn")
     done: dict[str, list[str]] = {}
     workers: dict[Connection, tuple[BaseProcess, list[Planned]]] = {}
+    cut = chains(plan, jobs)
+    threads = worker_threads(default_jobs(), len(cut))
     with tempfile.TemporaryDirectory(prefix="twinstep-drift-") as compiled:
         try:
-            for chain in chains(plan, jobs):
+            for chain in cut:
                 here, there = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_serve, args=(there, config, chain, str(runs), compiled), daemon=True)
+                proc = ctx.Process(target=_serve, args=(there, config, chain, str(runs), compiled, threads), daemon=True)
                 proc.start()
                 there.close()
                 workers[here] = (proc, chain)
@@ -86,21 +96,26 @@ def train_all(config: str, plan: Sequence[Planned], runs: Path, jobs: int) -> di
     return done
 
 
-def _serve(conn: Connection, config: str, chain: list[Planned], runs: str, compiled: str) -> None:
+def _serve(conn: Connection, config: str, chain: list[Planned], runs: str, compiled: str, threads: int) -> None:
     """A worker: train the chain and send back (True, overrides per run) or (False, the error line)."""
     try:
-        conn.send((True, train_chain(config, chain, runs, compiled)))
+        conn.send((True, train_chain(config, chain, runs, compiled, threads)))
     except TwinstepError as exc:
         conn.send((False, str(exc)))
     finally:
         conn.close()
 
 
-def train_chain(config: str, chain: Sequence[Planned], runs: str, compiled: str) -> dict[str, list[str]]:
-    """Train `chain` in this process, one run after another (a worker of `train_all`)."""
+def train_chain(config: str, chain: Sequence[Planned], runs: str, compiled: str, threads: int) -> dict[str, list[str]]:
+    """Train `chain` in this process, one run after another (a worker of `train_all`), torch on
+    `threads` threads."""
     from conformance.cli import main
     from conformance.run.drift import exact_overrides, skipped_updates
 
+    # torch's intra-op pool sized to this worker's share of the cores (a user's OMP_NUM_THREADS wins): with
+    # each worker's pool as large as the machine, the busy-waiting threads of two workers take turns on the
+    # same cores and a torch run took 7 × its time alone
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # a cache the user configured is used as it is
         os.environ.update(JAX_COMPILATION_CACHE_DIR=compiled, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                           JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
