@@ -45,7 +45,7 @@ def one_minus_pow(beta: float, t: int) -> Any:
 def steps(name: str, hp: dict, g: float, n: int, size: int) -> list[Any]:
     """δ_1 .. δ_n of one entry whose gradient is g at every update, from the closed forms."""
     lr, gm, a = mp.mpf(hp["lr"]), mp.mpf(g), abs(mp.mpf(g))
-    out, buf = [], mp.mpf(0)
+    out, buf, prod = [], mp.mpf(0), mp.mpf(1)
     for t in range(1, n + 1):
         if name == "sgd":
             mu = mp.mpf(hp.get("momentum", 0.0))
@@ -70,7 +70,7 @@ def steps(name: str, hp: dict, g: float, n: int, size: int) -> list[Any]:
             b1, b2, eps = mp.mpf(hp["betas"][0]), hp["betas"][1], mp.mpf(hp["eps"])
             psi = mp.mpf(hp["momentum_decay"])
             mu = [b1 * (1 - mp.mpf(0.5) * mp.mpf(0.96) ** (k * psi)) for k in (t, t + 1)]
-            prod = mp.fprod(b1 * (1 - mp.mpf(0.5) * mp.mpf(0.96) ** (k * psi)) for k in range(1, t + 1))
+            prod *= mu[0]  # Π_(k ≤ t) μ_k
             m = (1 - b1 ** t) * gm
             out.append(lr * (1 - mu[0]) / (1 - prod) * gm / (a + eps) + lr * mu[1] / (1 - prod * mu[1]) * m / (a + eps))
         elif name == "radam":
