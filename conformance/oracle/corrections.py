@@ -8,9 +8,11 @@ import numpy as np
 
 
 def bias_correction(beta: float, t: int) -> float:
-    """1 − βᵗ as −expm1(t·log1p(β − 1)): β − 1 is exact for β in [½, 1), so the result keeps its
-    digits where 1 − βᵗ as written loses log10(1/(1 − β)) of them (β2 = 0.999999: 6)."""
-    return 1.0 if beta == 0 else float(-np.expm1(t * np.log1p(beta - 1.0)))
+    """1 − βᵗ as −expm1(t·log1p(β − 1)) for β in [½, 1), where β − 1 is exact and the result keeps the
+    digits 1 − βᵗ as written loses (log10(1/(1 − β)) of them: 6 at β2 = 0.999999); below ½ nothing cancels."""
+    if beta < 0.5:
+        return 1.0 - beta ** t
+    return float(-np.expm1(t * np.log1p(beta - 1.0)))
 
 
 def radam_rho(beta2: float, t: int) -> float:
@@ -19,8 +21,8 @@ def radam_rho(beta2: float, t: int) -> float:
     λ = −log β2: ρ_t = 2·D/(q·(1 − β2ᵗ)) + 2t − 1, D = 1 − β2ᵗ − t·q = Σ_(n≥2) (−1)^(n+1)·(tλ)ⁿ/n!·(1 − t^(1−n)),
     summed while tλ < ½ (its terms shrink by tλ/n each); from tλ = ½ on ρ_t ≥ ρ∞/5 and the formula as written
     keeps its digits."""
-    if beta2 == 0:
-        return 1.0  # ρ∞ = 1 and β2ᵗ = 0
+    if beta2 < 0.5:
+        return 2 / (1 - beta2) - 1 - 2 * t * beta2 ** t / (1 - beta2 ** t)  # ρ∞ < 3: nothing to cancel
     q, lam = 1.0 - beta2, -float(np.log1p(-(1.0 - beta2)))
     bc = bias_correction(beta2, t)
     if t * lam >= 0.5:

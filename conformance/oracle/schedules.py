@@ -147,7 +147,7 @@ def _cyclic_height(spec: ScheduleSpec, s: np.ndarray) -> np.ndarray:
     if spec.mode == "triangular":
         return h
     if spec.mode == "triangular2":
-        return h * (1 / (2.0 ** (s // (up + down))))
+        return h * np.ldexp(1.0, -(s // (up + down)))  # 2^−(cycle − 1), 0 once it underflows
     return h * spec.gamma ** s.astype(np.float64)
 
 
