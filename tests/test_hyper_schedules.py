@@ -121,7 +121,8 @@ def test_schedule_values_give_the_recipes_formula(backend: str) -> None:
     # 1.1e-16 each, 2.2e-15 at most; measured 4.7e-16): 1e-14 leaves a margin of 4.5
     np.testing.assert_allclose(momentum[:, 0], (1 - frac) * 0.85 + frac * 0.95, rtol=1e-14)
     factor = (1 + np.cos(np.pi * t / UPDATES)) / 2
-    # 1 + cos(pi·t/T) cancels near the trough: cos's error of ~1 ulp of 1 on either side (2 × 2.2e-16)
+    # 1 + cos(pi·t/T) cancels near the trough: cos's error of ~1 ulp of 1 on either side (2 × 2.2e-16;
+    # the reference here and torch's and JAX's formulas cancel, the oracle's half-angle form does not)
     # over the smallest nonzero 1 + cos, 0.034 at t = 11 and 13, is 1.3e-14 relative (measured 6.5e-15,
     # JAX at t = 13); at t = 12 both sides are exactly 0, so no atol
     np.testing.assert_allclose(got["weight_decay"], np.outer(factor, [0.01, 0.05]), rtol=3e-14, atol=0)

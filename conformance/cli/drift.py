@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if dtype != "float64":  # each framework's float64 run: its twin's rounding error (it skips what the twin skipped)
         plan += [Planned(f"{fw}-exact", fw, sides[fw] + [_init(out, "start")], exact_of=fw) for fw in FRAMEWORKS]
     runs = out / "runs"
-    trained = train_all(args.config, plan, runs, args.jobs or default_jobs())
+    trained = train_all(args.config, plan, runs, args.jobs or default_jobs(), default_jobs())
     env = measure({fw: runs / fw for fw in FRAMEWORKS},
                   {fw: [runs / f"{fw}-seed{k}" for k in range(1, args.seeds + 1)] for fw in FRAMEWORKS},
                   {fw: runs / f"{fw}-exact" for fw in FRAMEWORKS} if dtype != "float64" else None)

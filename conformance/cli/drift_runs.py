@@ -55,18 +55,17 @@ def worker_threads(cores: int, workers: int) -> int:
     return max(1, cores // max(1, workers))
 
 
-def train_all(config: str, plan: Sequence[Planned], runs: Path, jobs: int) -> dict[str, list[str]]:
+def train_all(config: str, plan: Sequence[Planned], runs: Path, jobs: int, cores: int) -> dict[str, list[str]]:
     """Train every planned run under `runs`, one `spawn` worker process per chain (at most `jobs`);
     returns each run's overrides as trained (a float64 run's include its twin's skipped updates). The
-    first failure kills the other workers (SIGKILL: a trainer answers SIGTERM by saving first)."""
-    from conformance.cli.conform import default_jobs  # not at the top: the workers import this module
-
+    first failure kills the other workers (SIGKILL: a trainer answers SIGTERM by saving first); the
+    workers share `cores` CPUs."""
     runs.mkdir(exist_ok=True)
     ctx = mp.get_context("spawn")
     done: dict[str, list[str]] = {}
     workers: dict[Connection, tuple[BaseProcess, list[Planned]]] = {}
     cut = chains(plan, jobs)
-    threads = worker_threads(default_jobs(), len(cut))
+    threads = worker_threads(cores, len(cut))
     with tempfile.TemporaryDirectory(prefix="twinstep-drift-") as compiled:
         try:
             for chain in cut:
