@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,7 @@ def train(framework: str, config: Any, out: Path, **kw: Any) -> Any:
         {"name": "constant", "hyper": {"momentum": {"name": "constant"}}}, {"name": "constant"}]},
      "schedulers[0].hyper must be set on the outer schedule"),
     ({"unit": "epoch", "hyper": {"momentum": {"name": "constant", "unit": "update"}}}, "hyper.momentum.unit must equal"),
-    ({"hyper": {"eps": {"name": "constant"}}}, "schedule.hyper"),
+    ({"hyper": {"momentum_decay": {"name": "constant"}}}, "schedule.hyper"),
 ])
 def test_the_spec_refuses_what_a_hyper_schedule_cannot_be(schedule: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -83,6 +82,16 @@ def test_the_spec_refuses_what_a_hyper_schedule_cannot_be(schedule: dict, messag
     ({"name": "ademamix"}, {"beta1": {"name": "constant"}}, "beta3 warm-up"),
     ({"name": "adamw", "weight_decay": 0.01}, {"weight_decay": {"name": "cosine", "t_max": 5, "eta_min": 0.1}},
      "eta_min = 0.1 is above the lowest group weight_decay"),
+    ({"name": "adafactor"}, {"eps": {"name": "constant"}}, "adafactor .its eps is torch's pair"),
+    ({"name": "muon", "fallback": {"name": "adafactor"}}, {"eps": {"name": "constant"}}, "not supported with adafactor"),
+    ({"name": "sgd", "momentum": 0.9, "dampening": 0.8}, {"dampening": {"name": "linear", "start_factor": 1.5,
+                                                                        "total_iters": 3}},
+     r"can reach dampening = 1.2 .*at most 1"),
+    ({"name": "rmsprop", "alpha": 0.99}, {"alpha": {"name": "linear", "start_factor": 1.02, "total_iters": 3}},
+     "can reach alpha = 1.0098 .*rmsprop's smoothing constant"),
+    ({"name": "ademamix", "beta3": 0.999}, {"beta3": {"name": "tabulated", "factors": [0.9, 1.002]}},
+     r"can reach beta3 = 1.001 .*below 1"),
+    ({"name": "sgd", "momentum": 0.9}, {"alpha": {"name": "constant"}}, "no parameter group's optimizer reads alpha"),
 ])
 def test_the_rules_refuse_a_hyper_schedule_the_optimizer_cannot_take(optimizer: dict, hyper: dict,
                                                                     message: str) -> None:
@@ -93,6 +102,22 @@ def test_the_rules_refuse_a_hyper_schedule_the_optimizer_cannot_take(optimizer: 
     window = [{"g": {"w": np.ones(2)}, "count": 1.0, "poison": 1.0}]
     with pytest.raises(ConfigError, match=message):
         run_updates(config, {"w": np.zeros(2)}, [window] * 3)
+
+
+@pytest.mark.parametrize(("optimizer", "hyper"), [
+    ({"name": "ademamix", "alpha": 2.0}, {"alpha": {"name": "linear", "start_factor": 1.5, "total_iters": 3}}),
+    ({"name": "sgd", "momentum": 0.9, "dampening": 0.5}, {"dampening": {"name": "linear", "start_factor": 2.0,
+                                                                        "total_iters": 3}}),
+    ({"name": "rmsprop", "alpha": 0.5}, {"alpha": {"name": "linear", "start_factor": 2.0, "total_iters": 3}}),
+])
+def test_values_inside_the_fields_range_are_taken(optimizer: dict, hyper: dict) -> None:
+    # control for the ceilings above: AdEMAMix's alpha has none, and reaching exactly 1 is allowed
+    from conformance.oracle.update import run_updates
+
+    config = load_config({"optimizer": optimizer, "schedule": {"name": "constant", "hyper": hyper},
+                          "precision": {"dtype": "float64"}})
+    window = [{"g": {"w": np.ones(2)}, "count": 1.0, "poison": 1.0}]
+    assert len(run_updates(config, {"w": np.zeros(2)}, [window] * 3)["params"]) == 3
 
 
 def test_cycled_momentum_and_a_momentum_schedule_are_refused_together() -> None:
@@ -177,6 +202,33 @@ def test_both_trainers_run_the_warm_up_alike(runs: dict, tmp_path: Path) -> None
     assert differences(runs["torch"], tmp_path / "plain", UPDATES) != []
 
 
+KEYS = {  # the keys beyond momentum / betas / weight decay, on both trainers
+    "ademamix-beta3-alpha": ({"name": "ademamix", "lr": 3e-3, "beta3": 0.99, "alpha": 4.0, "alpha_warmup": 4,
+                              "beta3_warmup": 3},
+                             {"beta3": {"name": "linear", "start_factor": 0.95, "total_iters": 6},
+                              "alpha": {"name": "cosine", "t_max": 8}}),
+    "rmsprop-alpha-eps": ({"name": "rmsprop", "lr": 3e-3, "alpha": 0.9, "eps": 1e-4, "centered": True},
+                          {"alpha": {"name": "linear", "start_factor": 0.9, "total_iters": 5},
+                           "eps": {"name": "exponential", "gamma": 0.5}}),
+    "sgd-dampening": ({"name": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.6},
+                      {"dampening": {"name": "cosine", "t_max": 8}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_both_trainers_schedule_eps_alpha_beta3_and_dampening_alike(name: str, tmp_path: Path) -> None:
+    optimizer, hyper = KEYS[name]
+    recipe = {**RECIPE, "optimizer": optimizer, "checkpoint": {"every": 0},
+              "schedule": {"name": "constant", "hyper": hyper}, "run": {**RECIPE["run"], "max_updates": 8}}
+    plain = {**recipe, "schedule": {"name": "constant"}}
+    for framework in FRAMEWORKS:
+        train(framework, load_config(recipe), tmp_path / framework)
+    train("torch", load_config(plain), tmp_path / "plain")
+    result = compare_runs(tmp_path / "torch", tmp_path / "jax")
+    assert result.passed, describe_failure(result.first_failure) if result.first_failure else result.problems
+    assert not compare_runs(tmp_path / "plain", tmp_path / "jax").passed  # control: the schedules matter
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_killed_inside_a_warm_up_update_resumes_bit_exact(runs: dict, tmp_path: Path, framework: str) -> None:
     out = tmp_path / "run"
@@ -219,135 +271,6 @@ def test_the_schedule_command_reports_and_draws_each_hyper_parameter(tmp_path: P
     assert len(worst) == 1 and worst[0] < 1e-15
     assert main(["plot", "schedule", str(path), "--steps", "30", "-o", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").stat().st_size > 10_000
-
-
-SNIPPET_SHAPES = {"enc.weight": (3, 4), "enc.bias": (3,), "head.weight": (2, 3), "head.bias": (2,)}
-SNIPPETS = {
-    "muon-momentum-warmup-wd": ({"name": "muon", "lr": 0.02, "momentum": 0.95, "weight_decay": 0.01},
-                                {"name": "cosine", "t_max": 9, "hyper": {"momentum": WARMUP, "weight_decay": {
-                                    "name": "cosine", "t_max": 9}}}, {"steps": 2}),
-    "adam-betas-per-epoch": ({"name": "adam", "lr": 0.01, "betas": [0.9, 0.99],
-                              "groups": [{"params": ["*.bias"], "betas": [0.8, 0.95]}]},
-                             {"name": "step", "step_size": 2, "unit": "epoch", "hyper": {
-                                 "beta1": {"name": "exponential", "gamma": 0.9},
-                                 "beta2": {"name": "linear", "start_factor": 0.9, "total_iters": 2}}}, {"steps": 1}),
-    "sgd-plateau-momentum": ({"name": "sgd", "lr": 0.05, "momentum": 0.9},
-                             {"name": "reduce_on_plateau", "hyper": {"momentum": {"name": "tabulated",
-                                                                                 "factors": [0.5, 0.8, 1.0]}}},
-                             {"steps": 2}),
-}
-
-
-@pytest.mark.parametrize("framework", ["torch", "optax"])
-@pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_the_snippets_set_the_scheduled_hyper_parameters(name: str, framework: str) -> None:
-    from conformance.harness.backends import Backend
-    from conformance.port.verify.traces import compare, gradient_stream, run_backend, run_snippet
-    from conformance.port.write.optax_code import optax_code
-    from conformance.port.write.torch_code import torch_code
-
-    optimizer, schedule, accumulation = SNIPPETS[name]
-    upe = 3 if schedule.get("unit") == "epoch" else 1
-    rng = np.random.default_rng(3)
-    values = {k: rng.normal(size=s) for k, s in SNIPPET_SHAPES.items()}
-    windows = gradient_stream(SNIPPET_SHAPES, 9, micro=accumulation["steps"], poison=(4,), last=None)
-    configs = {hyper: load_config({"optimizer": optimizer, "accumulation": accumulation, "precision": {"dtype": "float64"},
-                                   "schedule": schedule if hyper else {k: v for k, v in schedule.items() if k != "hyper"}})
-               for hyper in (True, False)}  # control: the snippet of the config without the hyper schedules
-    backend, make = ("torch", torch_code) if framework == "torch" else ("jax", optax_code)
-    with Backend(backend).context():
-        want = run_backend(backend, configs[True], values, windows, updates_per_epoch=upe)
-    results = {}
-    for hyper, config in configs.items():
-        with Backend(backend).context():
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                results[hyper] = run_snippet(framework, make(config, "test", upe), config, values, windows)
-            assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]  # the stand-ins are quiet
-    assert compare(results[True], want, 1e-12, 1e-10)[1] is None
-    assert compare(results[False], want, 1e-12, 1e-10)[1] is not None
-
-
-def test_training_arguments_refuse_it() -> None:
-    from conformance.errors import UnsupportedError
-    from conformance.port.write.hf_args import hf_arguments
-
-    with pytest.raises(UnsupportedError, match="schedule.hyper"):
-        hf_arguments(load_config({"optimizer": {"name": "adamw"}, "schedule": {"name": "constant", "hyper": {
-            "weight_decay": {"name": "linear", "total_iters": 3}}}, "run": {"max_updates": 10}}))
-
-
-@pytest.mark.parametrize("name", ["torch-sgd-momentum-warmup", "torch-adam-beta2-warmup-beta1-decay",
-                                  "torch-adamw-wd-follows-lr"])
-def test_optax_inject_hyperparams_is_the_same_math_at_float64_counts(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the optax-native backend schedules b1 / b2 / momentum / weight_decay through inject_hyperparams;
-    # the two cases it fails differ only by S-INT32 (optax's schedules of an int32 count are float32):
-    # with the count cast to float64 first, optax's own transforms give torch's values
-    import jax
-    import jax.numpy as jnp
-
-    from natives.optax_native import update as native
-
-    real = native.schedule_fn
-    monkeypatch.setattr(native, "schedule_fn", lambda spec, b, n, upe=1: (
-        lambda count, fn=real(spec, b, n, upe): fn(jnp.asarray(count, jnp.float64))))
-    data = tomllib.loads((ROOT / "conformance" / "cases" / "optimizer" / "update" / f"{name}.toml").read_text())
-    windows = [[{"g": g, "count": 1.0, "poison": 1.0}] for g in data["inputs"]["grads"]]
-    params = {k: np.asarray(v, np.float64) for k, v in data["inputs"]["params"].items()}
-    for keep in (True, False):  # control: without the hyper schedules optax's run is another
-        schedule = data["schedule"] if keep else {k: v for k, v in data["schedule"].items() if k != "hyper"}
-        config = load_config({"optimizer": data["optimizer"], "schedule": schedule, "precision": {"dtype": "float64"}})
-        with jax.enable_x64(True):
-            got = native.run_updates(config, params, windows)["params"]
-        worst = max(float(np.max(np.abs(got[t][k] - np.asarray(data["expected"]["params"][t][k]))))
-                    for t in range(len(windows)) for k in params)
-        assert (worst < 1e-14) is keep, (keep, worst)
-
-
-LINEAR_B1 = {"linear_schedule": {"init_value": 0.85, "end_value": 0.95, "transition_steps": 5}}
-OPTAX_WRITTEN = {  # optax.inject_hyperparams(alias)(...) with schedules for other arguments than the lr
-    "adamw-b1-warmup-wd-cosine": {"inject_hyperparams": {"adamw": {
-        "learning_rate": {"cosine_decay_schedule": {"init_value": 0.05, "decay_steps": 12}}, "b1": LINEAR_B1,
-        "weight_decay": {"cosine_decay_schedule": {"init_value": 0.1, "decay_steps": 12}}}}},
-    "sgd-momentum-warmup": {"inject_hyperparams": {"sgd": {"learning_rate": 0.1, "nesterov": True, "momentum": {
-        "linear_schedule": {"init_value": 0.85, "end_value": 0.95, "transition_steps": 4}}}, "static_args": ["nesterov"]}},
-    "adam-b2-exponential": {"inject_hyperparams": {"adam": {"learning_rate": 0.02, "b2": {
-        "exponential_decay": {"init_value": 0.999, "transition_steps": 1, "decay_rate": 0.99}}}}},
-}
-
-
-@pytest.mark.parametrize("name", sorted(OPTAX_WRITTEN))
-def test_optax_written_with_scheduled_hyper_parameters_ports_exactly(name: str) -> None:
-    # the reference is optax itself (conformance.port.verify.native: the same description built into
-    # optax's transforms, schedules at float64 counts); control: the spec without its hyper schedules
-    from conformance.harness.backends import Backend
-    from conformance.port import from_optax
-    from conformance.port.verify.native import run_native_optax
-    from conformance.port.verify.traces import compare, gradient_stream, run_backend
-
-    spec = from_optax({"optax": OPTAX_WRITTEN[name]})
-    assert spec["schedule"]["hyper"]
-    values = {k: v * 0.5 for k, v in gradient_stream(SNIPPET_SHAPES, 1, seed=9)[0][0]["g"].items()}
-    windows = gradient_stream(SNIPPET_SHAPES, 10)
-    with Backend("jax").context():
-        want = run_native_optax(OPTAX_WRITTEN[name], values, windows)
-    plain = {**spec, "schedule": {k: v for k, v in spec["schedule"].items() if k != "hyper"}}
-    for backend in ("torch", "jax"):
-        with Backend(backend).context():
-            ok = compare(run_backend(backend, load_config({**spec, "precision": {"dtype": "float64"}}), values,
-                                     windows), want)[1]
-            off = compare(run_backend(backend, load_config({**plain, "precision": {"dtype": "float64"}}), values,
-                                      windows), want)[1]
-        assert ok is None and off is not None, (backend, ok)
-
-
-def test_a_schedule_outside_inject_hyperparams_is_refused() -> None:
-    from conformance.errors import UnsupportedError
-    from conformance.port import from_optax
-
-    with pytest.raises(UnsupportedError, match=r"optax.adam.b1 is a schedule: .* wrap the transform in "
-                                               r"inject_hyperparams"):
-        from_optax({"optax": {"adam": {"learning_rate": 0.1, "b1": LINEAR_B1}}})
 
 
 SCHEDULE_CASES = sorted((ROOT / "conformance" / "cases" / "schedule" / "hyper").glob("*.toml"))

@@ -1,5 +1,6 @@
 """Write `optimizer` cases with [schedule] and/or [clip] whose expected values come from torch's own
-objects: torch.optim + torch.optim.lr_scheduler + torch.nn.utils.clip_grad_norm_ / clip_grad_value_.
+objects: torch.optim + torch.optim.lr_scheduler + torch.nn.utils.clip_grad_norm_ / clip_grad_value_
+(AdEMAMix's scheduled β3 and α: optax.contrib.ademamix, which takes them as functions of its count).
 
     python tools/gen_update_cases.py                   # the bundled cases (conformance/cases/optimizer/update)
     python tools/gen_update_cases.py --out /tmp/update-cases && twinstep conform --cases /tmp/update-cases
@@ -19,6 +20,7 @@ nothing here imports ref_torch, ref_jax or the oracle.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,7 @@ from conformance import tomlio  # noqa: E402
 OUT = Path(__file__).resolve().parent.parent / "conformance" / "cases" / "optimizer" / "update"
 Clip = Callable[[list[torch.nn.Parameter]], Any] | None
 Hyper = Callable[[list[torch.optim.Optimizer], int], None] | None
+Native = Callable[[dict[str, np.ndarray], list[dict[str, np.ndarray]]], list[dict]]
 
 SCALAR = {"theta": ()}
 OPEN = {"w": (2, 3), "b": (3,)}
@@ -175,6 +178,40 @@ def bundled() -> list[dict[str, Any]]:
                          "beta1": {"name": "exponential", "gamma": 0.8}}}},
              sched=None, clip=None, hyper=_betas(lambda t: 0.9 * 0.8**t, lambda t: 0.9 + 0.09 * min(t / 4, 1.0)),
              shapes=OPEN, n=6),
+        dict(id="torch-adam-eps-decay", note="Adam(eps=1e-2) whose eps halves every update (param_group eps = "
+             "1e-2·0.5^t set before step t), gradients of order 1e-2 so that eps weighs",
+             tables={"optimizer": {"name": "adam", "lr": 0.05, "eps": 1e-2},
+                     "schedule": {"name": "constant", "hyper": {"eps": {"name": "exponential", "gamma": 0.5}}}},
+             sched=None, clip=None, hyper=_set("eps", lambda t: 1e-2 * 0.5**t), shapes=OPEN, n=6, scale=1e-2),
+        dict(id="torch-rmsprop-alpha-warmup-centered", note="RMSprop(centered, momentum=0.5) whose alpha warms up "
+             "0.9 → 0.99 (param_group alpha = 0.9 + 0.09·min(t / 4, 1) set before step t) as StepLR cycles the lr",
+             tables={"optimizer": {"name": "rmsprop", "lr": 0.01, "alpha": 0.99, "centered": True, "momentum": 0.5},
+                     "schedule": {"name": "step", "step_size": 2, "gamma": 0.5, "hyper": {"alpha": {
+                         "name": "linear", "start_factor": 0.9 / 0.99, "end_factor": 1.0, "total_iters": 4}}}},
+             sched=lambda o: S.StepLR(o, step_size=2, gamma=0.5), clip=None,
+             hyper=_set("alpha", lambda t: 0.9 + 0.09 * min(t / 4, 1.0)), shapes=OPEN, n=6),
+        dict(id="torch-sgd-dampening-cosine", note="SGD(momentum=0.9, dampening=0.5) whose dampening anneals to 0 "
+             "(param_group dampening = 0.5·(1 + cos(πt/4))/2 set before step t)",
+             tables={"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0.5},
+                     "schedule": {"name": "constant", "hyper": {"dampening": {"name": "cosine", "t_max": 4}}}},
+             sched=None, clip=None, hyper=_set("dampening", lambda t: 0.5 * (1 + math.cos(math.pi * t / 4)) / 2),
+             shapes=OPEN, n=5),
+        dict(id="optax-ademamix-beta3-alpha-schedules", note="optax.contrib.ademamix (b3, alpha as callables of its "
+             "count, float64): β3 = 0.999·(0.99 + 0.01·min(t / 4, 1)) and α = 5·0.8^t, no warm-ups",
+             tables={"optimizer": {"name": "ademamix", "lr": 0.05, "beta3": 0.999, "alpha": 5.0, "weight_decay": 0.1},
+                     "schedule": {"name": "constant", "hyper": {
+                         "beta3": {"name": "linear", "start_factor": 0.99, "end_factor": 1.0, "total_iters": 4},
+                         "alpha": {"name": "exponential", "gamma": 0.8}}}},
+             native=_ademamix(0.05, 0.1, lambda c: 0.999 * (0.99 + 0.01 * np.minimum(c / 4, 1.0)),
+                              lambda c: 5.0 * 0.8**c), shapes=OPEN, n=6),
+        dict(id="optax-ademamix-alpha-warmup-and-decay", note="optax.contrib.ademamix with apple/ml-ademamix's α "
+             "warm-up over 3 updates (t/3·α_t while t = count + 1 < 3) of an α that decays as 4·(1 + cos(πc/6))/2 "
+             "at update c: the warm-up reads the scheduled value, as the reference reads param_group alpha",
+             tables={"optimizer": {"name": "ademamix", "lr": 0.05, "beta3": 0.99, "alpha": 4.0, "alpha_warmup": 3},
+                     "schedule": {"name": "constant", "hyper": {"alpha": {"name": "cosine", "t_max": 6}}}},
+             native=_ademamix(0.05, 0.0, lambda c: 0.99 + 0.0 * c,
+                              lambda c: np.where(c + 1 < 3, (c + 1) / 3, 1.0) * 4.0 * (1 + np.cos(np.pi * c / 6)) / 2),
+             shapes=OPEN, n=6),
     ]
 
 
@@ -194,6 +231,34 @@ def _wd_follows_lr(wd: float) -> Hyper:
     return set_wd
 
 
+def _set(key: str, value: Callable[[int], float]) -> Hyper:
+    def set_key(opts: list[torch.optim.Optimizer], t: int) -> None:
+        for group in opts[0].param_groups:
+            group[key] = value(t)
+    return set_key
+
+
+def _ademamix(lr: float, wd: float, b3: Callable[[Any], Any], alpha: Callable[[Any], Any]) -> Native:
+    """optax.contrib.ademamix in float64 with β3 and α as functions of its count (the update's index,
+    read before its increment), cast to float64 first (optax's count is int32)."""
+    def run(params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]) -> list[dict]:
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        with jax.enable_x64(True):
+            tx = optax.contrib.ademamix(lr, b3=lambda c: b3(jnp.asarray(c, jnp.float64)),
+                                        alpha=lambda c: alpha(jnp.asarray(c, jnp.float64)), weight_decay=wd)
+            p = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
+            state, out = tx.init(p), []
+            for g in grads:
+                u, state = tx.update({k: jnp.asarray(np.asarray(v, np.float64)) for k, v in g.items()}, state, p)
+                p = optax.apply_updates(p, u)
+                out.append({k: np.asarray(v) for k, v in p.items()})
+        return out
+    return run
+
+
 def _betas(beta1: Callable[[int], float], beta2: Callable[[int], float]) -> Hyper:
     def set_betas(opts: list[torch.optim.Optimizer], t: int) -> None:
         for group in opts[0].param_groups:
@@ -208,9 +273,13 @@ def generate(out: Path) -> list[Path]:
     for c in bundled():
         params = _rng_params(rng, c["shapes"])
         grads = [{k: v * c.get("scale", 1.0) for k, v in _rng_params(rng, c["shapes"]).items()} for _ in range(c["n"])]
-        expected = native_trajectory(c["tables"]["optimizer"], c["sched"], c["clip"], params, grads, c.get("hyper"))
-        source = (f"generated by tools/gen_update_cases.py from torch.optim + lr_scheduler + torch.nn.utils "
-                  f"clipping in float64: {c['note']}")
+        if "native" in c:
+            expected = c["native"](params, grads)
+            source = f"generated by tools/gen_update_cases.py from optax in float64: {c['note']}"
+        else:
+            expected = native_trajectory(c["tables"]["optimizer"], c["sched"], c["clip"], params, grads, c.get("hyper"))
+            source = (f"generated by tools/gen_update_cases.py from torch.optim + lr_scheduler + torch.nn.utils "
+                      f"clipping in float64: {c['note']}")
         path = out / f"{c['id']}.toml"
         write_case(path, f"optimizer/{c['id']}", source, c["tables"], params, grads, expected)
         written.append(path)

@@ -61,7 +61,7 @@ SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-def
 
 # Hyper-parameters other than the lr that [schedule.hyper.<key>] may schedule (beta1 / beta2 are
 # betas[0] / betas[1]); each is a float the optimizer reads afresh at every update.
-HyperKey = Literal["momentum", "beta1", "beta2", "weight_decay"]
+HyperKey = Literal["momentum", "beta1", "beta2", "weight_decay", "eps", "dampening", "alpha", "beta3"]
 HYPER_KEYS: tuple[str, ...] = HyperKey.__args__  # type: ignore[attr-defined]
 
 COMPOSITE = ("sequential", "chained")  # schedules made of [[schedule.schedulers]] parts
@@ -188,7 +188,8 @@ class ScheduleSpec(Section):
     LambdaLR it cannot read in closed form as one, sampled for a stated number of updates.
 
     hyper: schedules of other hyper-parameters, `[schedule.hyper.<key>]` with key momentum, beta1
-    (betas[0]), beta2 (betas[1]) or weight_decay, each a schedule of this kind (not
+    (betas[0]), beta2 (betas[1]), weight_decay, eps, dampening (sgd), alpha (rmsprop's smoothing
+    constant, AdEMAMix's mix; each optimizer's own) or beta3 (AdEMAMix), each a schedule of this kind (not
     reduce_on_plateau, onecycle or cyclic) applied to every group whose optimizer reads the key,
     from that group's own value as the lr schedule is from its lr, at the same position (counted in
     optimizer updates, held with the lr on skipped updates). Muon's momentum warm-up 0.85 → 0.95

@@ -114,7 +114,18 @@ def _peak_factor(spec: ScheduleSpec) -> float:
     return max([1.0, *(v for v in (spec.start_factor, spec.end_factor) if v is not None)])
 
 
+# The largest value each scheduled key may reach (the static field's range), and why.
+_HYPER_CEILING = {
+    "beta1": (1.0, False, "it must stay below 1"), "beta2": (1.0, False, "it must stay below 1"),
+    "beta3": (1.0, False, "it must stay below 1"),
+    "dampening": (1.0, True, "it must stay at most 1 (the field's range [0, 1])"),
+}
+
+
 def _check_hyper(schedule: ScheduleSpec, optimizer: Any, last: int) -> None:
+    if "eps" in (schedule.hyper or {}) and "adafactor" in optimizer.group_optimizers():
+        raise ConfigError("schedule.hyper.eps is not supported with adafactor (its eps is torch's pair [eps1, eps2], "
+                          "not one number a schedule can scale); remove it")
     cycled = cycled_hyperparameter(schedule, optimizer)
     for key, bases in hyper_bases(schedule, optimizer).items():
         where, part = f"schedule.hyper.{key}", schedule.hyper[key]  # type: ignore[index]
@@ -133,9 +144,12 @@ def _check_hyper(schedule: ScheduleSpec, optimizer: Any, last: int) -> None:
             raise ConfigError(f"{where} and schedule.cycle_momentum both set {key}; set schedule.cycle_momentum = "
                               "false or remove the hyper schedule")
         peak = max(read) * _peak_factor(part)
-        if key in ("beta1", "beta2") and not peak < 1:
+        ceiling = _HYPER_CEILING.get(key)
+        if key == "alpha" and "rmsprop" in optimizer.group_optimizers():  # AdEMAMix's alpha has no ceiling
+            ceiling = (1.0, True, "rmsprop's smoothing constant must stay at most 1")
+        if ceiling is not None and not (peak <= ceiling[0] if ceiling[1] else peak < ceiling[0]):
             raise ConfigError(f"{where} can reach {key} = {peak:g} (the largest group value {max(read):g} times "
-                              "the schedule's largest factor); it must stay below 1")
+                              f"the schedule's largest factor); {ceiling[2]}")
         _check_chained_length(part, last)
         _check_floor(part, min(read), where, key)
 

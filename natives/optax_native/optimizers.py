@@ -220,8 +220,8 @@ def build(spec: OptimizerSpec, groups: Sequence[ParamGroup], lrs: Sequence[LR] |
 
 
 # inject_hyperparams's names for [schedule.hyper]'s keys, per alias it wraps
-INJECTED = {"sgd": {"momentum": "momentum"}, "adam": {"beta1": "b1", "beta2": "b2"},
-            "adamw": {"beta1": "b1", "beta2": "b2", "weight_decay": "weight_decay"}}
+INJECTED = {"sgd": {"momentum": "momentum"}, "adam": {"beta1": "b1", "beta2": "b2", "eps": "eps"},
+            "adamw": {"beta1": "b1", "beta2": "b2", "weight_decay": "weight_decay", "eps": "eps"}}
 
 
 def injected(name: str, hp: Mapping[str, Any], lr: LR, scheduled: Mapping[str, Any]) -> optax.GradientTransformation:
@@ -231,7 +231,7 @@ def injected(name: str, hp: Mapping[str, Any], lr: LR, scheduled: Mapping[str, A
     plain = name in INJECTED and not hp.get("maximize") and not hp.get("amsgrad") and not hp.get("decoupled_weight_decay")
     if not plain or set(scheduled) - set(names) or (name != "adamw" and hp.get("weight_decay")):
         raise refuse(f"schedule.hyper ({', '.join(scheduled)}) with optimizer {name!r}",
-                     "mapped onto inject_hyperparams for sgd's momentum and adam's / adamw's b1, b2 and "
+                     "mapped onto inject_hyperparams for sgd's momentum, adam's / adamw's b1, b2 and eps, and "
                      "adamw's weight_decay, without coupled decay, maximize or amsgrad")
     _refuse_extra(hp, "eps_hat", False, f"optax.{name} (its eps is added to the bias-corrected root)")
     fixed: dict[str, Any] = {"learning_rate": lr}

@@ -268,8 +268,11 @@ def _state_dtypes(bs: list[Block], precision: Mapping[str, Any]) -> None:
 
 # Building blocks whose arguments optax.inject_hyperparams may schedule: argument -> [schedule.hyper] key.
 _BETAS = {"b1": "beta1", "b2": "beta2"}
+_ADAM = {**_BETAS, "eps": "eps"}
+_RMS = {"decay": "alpha", "eps": "eps"}  # optax's rmsprop decay is torch's alpha
 HYPER_ARGS: dict[str, dict[str, str]] = {
-    "scale_by_adam": _BETAS, "scale_by_amsgrad": _BETAS, "scale_by_adamax": _BETAS, "scale_by_lion": _BETAS,
+    "scale_by_adam": _ADAM, "scale_by_amsgrad": _ADAM, "scale_by_adamax": _ADAM, "scale_by_lion": _BETAS,
+    "scale_by_rms": _RMS, "scale_by_stddev": _RMS,
     "trace": {"decay": "momentum"}, "add_decayed_weights": {"weight_decay": "weight_decay"},
 }
 

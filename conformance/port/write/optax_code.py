@@ -42,6 +42,9 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
     def use(*texts: str) -> None:
         need.extend(t for t in texts if t not in need)
 
+    def val(key: str) -> str:  # a [schedule.hyper] key is fed as `<key>_i` every update
+        return f"{key}_{i}" if key in scheduled else lit(hp[key])
+
     if name in ("schedule_free_adamw", "schedule_free_sgd"):
         return _schedule_free(name, hp, i, cycled, use)
     if hp.get("eps_hat") and (name not in ("adam", "adamw") or (hp["amsgrad"] and hp["amsgrad_variant"] != "torch")):
@@ -63,9 +66,9 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
                 out.append(f"optax.trace(decay={mom}, nesterov={hp['nesterov']})")
             else:
                 use(parts.COUNT, parts.MOMENTUM)
-                out.append(f"torch_momentum({mom}, {lit(hp['dampening'])}, {hp['nesterov']})")
+                out.append(f"torch_momentum({mom}, {val('dampening')}, {hp['nesterov']})")
     elif name in ("adam", "adamw"):
-        eps, root = lit(hp["eps"]), lit(hp["eps_root"])
+        eps, root = val("eps"), lit(hp["eps_root"])
         variant = hp["amsgrad_variant"] if hp["amsgrad"] else None
         if hp["eps_hat"]:
             use(parts.COUNT, parts.EPS_HAT)
@@ -80,30 +83,30 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
             out.append(f"optax.scale_by_adam(b1={b1}, b2={b2}, eps={eps}, eps_root={root})")
     elif name == "rmsprop":
         kind = "scale_by_stddev" if hp["centered"] else "scale_by_rms"
-        out.append(f"optax.{kind}(decay={lit(hp['alpha'])}, eps={lit(hp['eps'])}, eps_in_sqrt={hp['eps_in_sqrt']})")
+        out.append(f"optax.{kind}(decay={val('alpha')}, eps={val('eps')}, eps_in_sqrt={hp['eps_in_sqrt']})")
         if cycled or hp["momentum"] > 0:  # torch's order: the buffer before the lr
             out.append(f"optax.trace(decay={f'momentum_{i}' if cycled else lit(hp['momentum'])})")
     elif name == "adagrad":
         if hp["eps_in_sqrt"]:
             out.append(f"optax.scale_by_rss(initial_accumulator_value={lit(hp['initial_accumulator_value'])}, "
-                       f"eps={lit(hp['eps'])})")
+                       f"eps={val('eps')})")
             if hp["lr_decay"]:
                 out.append(f"optax.scale_by_schedule(lambda c: 1 / (1 + c * {lit(hp['lr_decay'])}))")
         else:
             use(parts.COUNT, parts.ADAGRAD)
-            out.append(f"torch_adagrad({lit(hp['initial_accumulator_value'])}, {lit(hp['eps'])}, "
+            out.append(f"torch_adagrad({lit(hp['initial_accumulator_value'])}, {val('eps')}, "
                        f"{lit(hp['lr_decay'])})")
     elif name == "adamax":
-        out.append(f"optax.scale_by_adamax(b1={b1}, b2={b2}, eps={lit(hp['eps'])})")
+        out.append(f"optax.scale_by_adamax(b1={b1}, b2={b2}, eps={val('eps')})")
     elif name == "nadam":
         if hp["momentum_schedule"]:
             use(parts.COUNT, parts.NADAM)
-            out.append(f"torch_nadam({b1}, {b2}, {lit(hp['eps'])}, {lit(hp['momentum_decay'])})")
+            out.append(f"torch_nadam({b1}, {b2}, {val('eps')}, {lit(hp['momentum_decay'])})")
         else:
-            out.append(f"optax.scale_by_adam(b1={b1}, b2={b2}, eps={lit(hp['eps'])}, nesterov=True)")
+            out.append(f"optax.scale_by_adam(b1={b1}, b2={b2}, eps={val('eps')}, nesterov=True)")
     elif name == "radam":
         use(parts.COUNT, parts.RADAM)
-        out.append(f"torch_radam({b1}, {b2}, {lit(hp['eps'])})")
+        out.append(f"torch_radam({b1}, {b2}, {val('eps')})")
     elif name == "lion":
         core = f"optax.scale_by_lion(b1={b1}, b2={b2})"
         if hp["cautious"]:  # the mask reads the gradient the chain received (negated by maximize)
@@ -111,14 +114,14 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
             core = f"cautious({core})"
         out.append(core)
     elif name == "ademamix":
-        b3, alpha = lit(hp["beta3"]), lit(hp["alpha"])
+        b3, alpha = val("beta3"), val("alpha")
         if hp["beta3_warmup"] or hp["alpha_warmup"]:
             use(parts.ADEMAMIX)
         if hp["beta3_warmup"]:
             b3 = f"ademamix_beta3({b1}, {b3}, {hp['beta3_warmup']})"
         if hp["alpha_warmup"]:
             alpha = f"ademamix_alpha({alpha}, {hp['alpha_warmup']})"
-        out.append(f"optax.contrib.scale_by_ademamix(b1={b1}, b2={b2}, b3={b3}, alpha={alpha}, eps={lit(hp['eps'])})")
+        out.append(f"optax.contrib.scale_by_ademamix(b1={b1}, b2={b2}, b3={b3}, alpha={alpha}, eps={val('eps')})")
     elif name == "adafactor":
         use(parts.ADAFACTOR)
         e1, e2 = hp["eps"]
@@ -129,7 +132,7 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
         use(parts.COUNT, parts.MUON)
         mom = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
         out.append(f"torch_muon({lr}, {mom}, {hp['nesterov']}, {lit(tuple(hp['ns_coefficients']))}, "
-                   f"{hp['ns_steps']}, {lit(hp['eps'])}, {wd}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
+                   f"{hp['ns_steps']}, {val('eps')}, {wd}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
         return "optax.chain(" + ", ".join(out) + ")"
     if decays and decoupled:
         out.append(f"optax.add_decayed_weights({wd})")  # decoupled: lr * wd * p
