@@ -144,7 +144,10 @@ def apply(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, 
         cfg = {**plan.cfg(gi), "param_dtype": p.dtype}
 
         def step(g: Any, s: Any = s, p: Any = p, gi: int = gi, cfg: dict = cfg) -> tuple[Any, Any]:
-            new_p, new_s = _elementwise.update(plan.optimizers[gi], g, s, p, state.hyperparams[gi], cfg)
+            hp = state.hyperparams[gi]
+            if cfg.get("cautious_weight_decay") and cfg.get("decay_on", True):
+                return cautious_weight_decay(plan.optimizers[gi], g, s, p, hp, cfg)
+            new_p, new_s = _elementwise.update(plan.optimizers[gi], g, s, p, hp, cfg)
             if isinstance(new_p, _elementwise.Delta):
                 return new_p.u, new_s  # torch's kernel is p + u: the same two operations
             return new_p - p, new_s  # p + (new_p - p) == new_p exactly when new_p/p is in [1/2, 2] (Sterbenz)
@@ -215,3 +218,17 @@ def set_hyperparams(state: OptimizerState, group: int, values: Mapping[str, Any]
     hps = list(state.hyperparams)
     hps[group] = current
     return OptimizerState(state.plan, tuple(hps), state.leaves)
+
+
+def cautious_weight_decay(name: str, g: Any, s: Any, p: Any, hp: Mapping[str, Any],
+                          cfg: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Cautious weight decay for the groups that set it: the step runs without its decoupled decay,
+    then p ← p − lr·wd·p₀·[(p₀ − p)·p₀ ≥ 0] with p₀ the parameter before the step (the decay only
+    where the step moved it toward zero; heavyball's cautious_weight_decay, nanochat's Muon)."""
+    # returns (the update to add to p, the new state), as apply's step does
+    moved, new_s = _elementwise.update(name, g, s, p, {**hp, "weight_decay": jnp.zeros_like(hp["weight_decay"])}, cfg)
+    moved = p + moved.u if isinstance(moved, _elementwise.Delta) else moved
+    mask = ((p - moved) * p >= 0).astype(p.dtype)
+    rate = (hp["lr"] * hp["weight_decay"]).astype(p.dtype)
+    return (moved - rate * (p * mask)) - p, new_s
+

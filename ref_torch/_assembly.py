@@ -142,6 +142,8 @@ def make_single(name: str, groups: list[dict[str, Any]], impl: str) -> torch.opt
         opt.register_step_pre_hook(_float64_mu_product)
     if name in ("sgd", "muon"):
         opt.register_step_post_hook(_count_steps)
+    if any(g.get("cautious_weight_decay") for g in groups):
+        cautious_weight_decay(opt)
     return opt
 
 
@@ -206,3 +208,28 @@ def fresh_adagrad(p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Ten
     step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device if fused else None)
     return {"step": step, "sum": torch.full_like(p, group["initial_accumulator_value"],
                                                  memory_format=torch.preserve_format)}
+
+
+def cautious_weight_decay(opt: torch.optim.Optimizer) -> None:
+    """Cautious weight decay for the groups that set it: the step runs without its decoupled decay,
+    then p ← p − lr·wd·p₀·[(p₀ − p)·p₀ ≥ 0] with p₀ the parameter before the step (the decay only
+    where the step moved it toward zero; heavyball's cautious_weight_decay, nanochat's Muon)."""
+    held: list[tuple[dict[str, Any], float, list[torch.Tensor], list[torch.Tensor]]] = []
+
+    def before(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in o.param_groups:
+            if group.get("cautious_weight_decay") and group["weight_decay"] != 0:
+                params = [p for p in group["params"] if p.grad is not None]
+                held.append((group, group["weight_decay"], params, [p.detach().clone() for p in params]))
+                group["weight_decay"] = 0.0
+
+    def after(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group, wd, params, start in held:
+            group["weight_decay"] = wd
+            with torch.no_grad():
+                for p, p0 in zip(params, start):
+                    p.sub_(p0 * ((p0 - p) * p0 >= 0), alpha=group["lr"] * wd)
+        held.clear()
+
+    opt.register_step_pre_hook(before)
+    opt.register_step_post_hook(after)

@@ -53,13 +53,14 @@ def test_defaults_are_torch_defaults(name: str) -> None:
             want = "original"  # torch's None means "original"
         assert spec[key] == want, f"{name}.{key}: spec {spec[key]!r}, torch {want!r}"
     assert set(spec) - set(signature) <= {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule",
-                                          "ns_dtype", "decoupled_weight_decay", "eps_hat"}
+                                          "ns_dtype", "decoupled_weight_decay", "eps_hat", "cautious_weight_decay"}
 
 
 
 def test_lion_defaults_are_lucidrains() -> None:
     assert spec_of({"name": "lion"}).overrides() == {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0,
-                                                     "maximize": False, "cautious": False}
+                                                     "maximize": False, "cautious": False,
+                                                     "cautious_weight_decay": False}
 
 
 @pytest.mark.parametrize(("table", "message"), [

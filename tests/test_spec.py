@@ -56,6 +56,7 @@ LEAVES = _leaves(BASE)
 # The values of BAD_VALUES that are legal for a field, with why; every other one must be refused.
 LEGAL: list[tuple[tuple[str, ...], list[Any], str]] = [
     (("model.bias", "data.shuffle", "data.drop_last", "optimizer.maximize", "optimizer.amsgrad", "optimizer.eps_hat",
+      "optimizer.cautious_weight_decay",
       "clip.error_if_nonfinite", "precision.allow_tf32", "checkpoint.at_end", "checkpoint.keep_best",
       "checkpoint.allow_fallback", "run.tensorboard", "run.compile", "run.deterministic", "run.sync_batchnorm"), [True],
      "a boolean (strict types still refuse 0 and 1.5; loss.log_target and clip.per_parameter refuse true "

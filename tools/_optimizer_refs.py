@@ -4,6 +4,7 @@
 mu_product is float64 too); `run_optax` steps optax's own optimizers under jax x64, for what torch has
 no built-in for (Lion, eps_root, optax's AMSGrad, Adagrad and RMSprop with eps inside the square root,
 optax.nadam); `run_pytorch_optimizer` steps pytorch-optimizer's Lion (cautious updates);
+`run_heavyball` steps heavyball's AdamW (cautious weight decay);
 `run_schedulefree` steps the schedulefree package's AdamWScheduleFree / SGDScheduleFree
 in train mode (the parameters are its y). All return the parameters and the state under the neutral
 names of docs/contract.md §4 after every update.
@@ -142,6 +143,20 @@ def run_pytorch_optimizer(spec: dict[str, Any], params: dict[str, Any], grads: l
     from pytorch_optimizer import Lion
 
     return run_torch(spec, params, grads, objective, steps, classes={"lion": Lion})
+
+
+def run_heavyball(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,
+                  objective: dict | None, steps: int | None) -> tuple[list[dict], list[dict]]:
+    """heavyball 3.2.1's AdamW (cautious_weight_decay: decay × [signbit(p) = signbit(u)]) in float64
+    (storage_dtype="float64", compile_step=False), stepped as run_torch steps torch.optim's classes;
+    parameters only (its state keys are its own). Its eps is max(√v̂, ε) where torch's is √v̂ + ε:
+    the same at eps = 0, which the cases use."""
+    import heavyball
+
+    def adamw(groups: Any, **kwargs: Any) -> torch.optim.Optimizer:
+        return heavyball.AdamW(groups, storage_dtype="float64", compile_step=False, **kwargs)
+
+    return run_torch(spec, params, grads, objective, steps, classes={"adamw": adamw})[0], []
 
 
 def run_schedulefree(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,

@@ -31,7 +31,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the references beside this script, however it is loaded
 from _keras_refs import run_keras  # noqa: E402
 from _optimizer_peer_cases import keras_quoted, torch_ema, wave2  # noqa: E402
-from _optimizer_refs import TORCH, run_optax, run_pytorch_optimizer, run_schedulefree, run_torch  # noqa: E402
+from _optimizer_refs import (  # noqa: E402
+    TORCH,
+    run_heavyball,
+    run_optax,
+    run_pytorch_optimizer,
+    run_schedulefree,
+    run_torch,
+)
 
 from conformance import tomlio  # noqa: E402
 
@@ -43,10 +50,10 @@ def _arr(x: Any) -> Any:
 
 
 REFERENCES = {"torch": run_torch, "optax": run_optax, "keras": run_keras, "schedulefree": run_schedulefree,
-              "pytorch_optimizer": run_pytorch_optimizer}
+              "pytorch_optimizer": run_pytorch_optimizer, "heavyball": run_heavyball}
 NAMES = {"torch": "torch.optim", "optax": "optax", "keras": "Keras 3 (JAX backend)",
          "schedulefree": "schedulefree (train mode: the parameters are y)",
-         "pytorch_optimizer": "pytorch-optimizer 4.1.0"}
+         "pytorch_optimizer": "pytorch-optimizer 4.1.0", "heavyball": "heavyball 3.2.1"}
 
 
 def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], params: dict[str, Any],
@@ -256,8 +263,25 @@ def bundled() -> list[dict[str, Any]]:
     add("pytorch-optimizer-lion-cautious-groups", {"name": "lion", "lr": 0.02, "betas": [0.8, 0.95], "cautious": True,
                                                    "groups": [{"params": ["head.*"], "lr": 0.05, "cautious": False}]},
         "groups", n=5, **po, note="a group without the mask")
+    # cautious weight decay: heavyball's AdamW(cautious_weight_decay=True) at eps = 0 (its eps placement differs),
+    # betas written out (heavyball's default is (0.9, 0.99))
+    hb = {"reference": "heavyball"}
+    add("heavyball-adamw-cautious-decay-open", {"name": "adamw", "lr": 0.05, "betas": [0.9, 0.999], "eps": 0.0,
+                                                "weight_decay": 0.5,
+                                                "cautious_weight_decay": True}, "open", n=5, **hb,
+        note="AdamW(cautious_weight_decay=True): the decay only where u·p >= 0 (u the step p moves against)")
+    add("heavyball-adamw-cautious-decay-closed", {"name": "adamw", "lr": 0.2, "betas": [0.8, 0.95], "eps": 0.0,
+                                                  "weight_decay": 0.3, "cautious_weight_decay": True}, "objective",
+        n=6, **hb, note="the steps cross the centre, so the mask changes from update to update")
+    add("heavyball-adamw-cautious-decay-groups", {"name": "adamw", "lr": 0.05, "betas": [0.9, 0.99], "eps": 0.0,
+                                                  "weight_decay": 0.4,
+                                                  "cautious_weight_decay": True, "no_weight_decay": ["*.bias"],
+                                                  "groups": [{"params": ["head.*"], "cautious_weight_decay": False}]},
+        "groups", n=5, **hb, note="a group that decays every entry and biases without decay")
     for c in cases:
         c.pop("path")
+        if c["reference"] == "heavyball":
+            c["with_state"] = False
         if c["reference"] == "optax" and c["spec"]["name"] in ("rmsprop", "nadam"):
             c["with_state"] = c["spec"]["name"] == "nadam" or not c["spec"].get("momentum")
     return cases

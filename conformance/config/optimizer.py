@@ -39,6 +39,11 @@ Semantics that torch.optim cannot express are explicit extra fields, implemented
   `cautious=True` computes them: the update u is masked where it disagrees in sign with the
   gradient, per parameter tensor of n entries, u ← u·m·n/(Σm + 1) with m = [u·g > 0] (g after
   maximize's negation), before p ← p − lr·u; the decoupled decay is not masked.
+- `cautious_weight_decay` (adamw, lion, muon, ademamix): cautious weight decay (Chen et al. 2025,
+  arXiv 2510.12402; nanochat's Muon, heavyball 3.2.1's `cautious_weight_decay=True`): the decoupled
+  decay only where the step moves the parameter toward zero, p ← p − lr·u − lr·wd·p·[u·p ≥ 0] (u the
+  step p moves against, lr the group's: Muon's decay ignores adjust_lr_fn, as torch.optim.Muon's).
+  The twins read [u·p ≥ 0] off the step they took, (p − p')·p ≥ 0.
 
 Schedule-free optimizers (facebookresearch `schedulefree`, its constructor names and defaults):
 `schedule_free_adamw` (AdamWScheduleFree: lr 0.0025, betas, eps, weight_decay, warmup_steps, r,
@@ -95,7 +100,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "decoupled_weight_decay": False, "maximize": False, "eps_root": 0.0,
              "amsgrad_variant": "torch", "eps_hat": False},
     "adamw": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 1e-2, "amsgrad": False,
-              "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch", "eps_hat": False},
+              "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch", "eps_hat": False,
+              "cautious_weight_decay": False},
     "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0,
                 "centered": False, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False},
     "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0,
@@ -106,12 +112,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True, "eps_hat": False},
     "radam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0,
               "decoupled_weight_decay": False, "maximize": False},
-    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False, "cautious": False},
+    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False, "cautious": False,
+             "cautious_weight_decay": False},
     "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": ("auto", 1e-3), "d": 1.0,
                   "weight_decay": 0.0, "maximize": False},
     "muon": {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
              "ns_coefficients": MUON_NS_COEFFICIENTS, "eps": 1e-7, "ns_steps": 5,
-             "adjust_lr_fn": "original", "ns_dtype": "bfloat16"},
+             "adjust_lr_fn": "original", "ns_dtype": "bfloat16", "cautious_weight_decay": False},
     # schedulefree 1.4.1's AdamWScheduleFree / SGDScheduleFree defaults
     "schedule_free_adamw": {"lr": 0.0025, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "warmup_steps": 0,
                             "r": 0.0, "weight_lr_power": 2.0},
@@ -119,7 +126,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                           "weight_lr_power": 2.0},
     # apple/ml-ademamix's AdEMAMix (the paper's reference): betas[2] is beta3, None warm-ups are 0
     "ademamix": {"lr": 1e-3, "betas": _BETAS, "beta3": 0.9999, "alpha": 2.0, "beta3_warmup": 0,
-                 "alpha_warmup": 0, "eps": 1e-8, "weight_decay": 0.0, "maximize": False},
+                 "alpha_warmup": 0, "eps": 1e-8, "weight_decay": 0.0, "maximize": False,
+                 "cautious_weight_decay": False},
 }
 
 SCHEDULE_FREE: tuple[str, ...] = ("schedule_free_adamw", "schedule_free_sgd")
@@ -185,6 +193,7 @@ class _Hyper(Section):
     beta3_warmup: IntIn(0) | None = None
     alpha_warmup: IntIn(0) | None = None
     cautious: bool | None = None
+    cautious_weight_decay: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

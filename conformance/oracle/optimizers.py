@@ -122,6 +122,9 @@ def init_state(optimizer: str, hp: Mapping[str, Any], p: np.ndarray) -> State:
 def update(optimizer: str, hp: Mapping[str, Any], p: np.ndarray, g: np.ndarray, s: State,
            dtype: str = "float64") -> tuple[np.ndarray, State]:
     """One update of one parameter: (new p, new state). Inputs are not modified."""
+    if hp.get("cautious_weight_decay") and hp["weight_decay"] != 0:  # decay only where u·p ≥ 0 (p ← p − lr·u)
+        moved, s = update(optimizer, {**hp, "weight_decay": 0.0, "cautious_weight_decay": False}, p, g, s, dtype)
+        return moved - hp["lr"] * hp["weight_decay"] * p * ((p - moved) * p >= 0), s
     s = {k: np.array(v, copy=True) for k, v in s.items()}
     t = int(s["step"]) + 1
     s["step"] = np.asarray(t, np.int64)

@@ -70,6 +70,7 @@ def build(spec: OptimizerSpec, lr: Any, clip: Mapping[str, Any] | None = None, e
     _default(spec, "r", 0.0, native)
     _default(spec, "weight_lr_power", 2.0, native)
     _default(spec, "cautious", False, native)
+    _default(spec, "cautious_weight_decay", False, native)
     if name == "nadam":
         _default(spec, "eps_hat", False, native)
         if spec.momentum_decay not in (4e-3, 1.0):

@@ -57,6 +57,7 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
     eps = hp.get("eps")
     _refuse_extra(hp, "eps_hat", False, f"optax.{name} (its eps is added to the bias-corrected root)")
     _refuse_extra(hp, "cautious", False, f"optax.{name} (no cautious masking)")
+    _refuse_extra(hp, "cautious_weight_decay", False, "optax.add_decayed_weights (it decays every entry)")
     coupled = 0.0  # torch's L2 weight decay: add_decayed_weights in front of the alias
     if hp.get("decoupled_weight_decay") and name in DECOUPLED_CORE:
         return _maximize(hp, optax.chain(*DECOUPLED_CORE[name](hp), optax.add_decayed_weights(wd),
@@ -189,6 +190,8 @@ def _muon(spec: OptimizerSpec, lr: LR) -> optax.GradientTransformation:
     if fb is None or fb.name != "adamw" or fb.amsgrad or fb.lr != spec.lr:
         raise refuse("optimizer.fallback", "optax.contrib.muon's own Adam is AdamW at the Muon lr")
     _refuse_extra(spec.overrides(), "adjust_lr_fn", "original", "optax.contrib.muon")
+    for part in (spec, fb):
+        _refuse_extra(part.overrides(), "cautious_weight_decay", False, "optax.contrib.muon (it decays every entry)")
     return optax.contrib.muon(lr, ns_coeffs=spec.ns_coefficients, ns_steps=spec.ns_steps, beta=spec.momentum,
                               eps=spec.eps, weight_decay=spec.weight_decay, nesterov=spec.nesterov,
                               adam_b1=fb.betas[0], adam_b2=fb.betas[1], adam_eps_root=fb.eps_root,

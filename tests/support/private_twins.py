@@ -195,6 +195,8 @@ FRAMEWORK_ONLY.update({("ref_jax._elementwise", n): _LEAF_FUNCTIONS for n in (
 
 # (pair, name or Class.method) -> why the two signatures differ.
 OWN_SIGNATURES: dict[tuple[str, str], str] = {
+    ("_assembly", "cautious_weight_decay"): "torch wraps an optimizer's step (hooks before and after it, in place); "
+                                            "JAX computes one parameter's update and state",
     ("_assembly", "group_options"): "torch's are the constructor's keyword arguments; JAX's a (dynamic, static) "
                                     "pair of dicts",
     ("_assembly", "make"): "torch builds one object and chooses its kernels (impl); JAX returns the optax transform "

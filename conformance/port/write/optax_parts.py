@@ -1,7 +1,7 @@
 """Source text of the custom optax transforms a snippet writes out where optax's own math differs
 from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Keras's eps_hat, Adagrad with
 eps outside the root, NAdam's momentum schedule, RAdam, Adafactor, Muon, clip_grad_norm_'s eps,
-the schedule-free warm-up, AdEMAMix's warm-ups and cautious updates."""
+the schedule-free warm-up, AdEMAMix's warm-ups, cautious updates and cautious weight decay."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ def cautious(inner):
             return u * (m * (m.size / (jnp.sum(m) + 1)))
         return jax.tree.map(mask, u, g), state
     return optax.GradientTransformation(inner.init, update)
+'''
+
+CAUTIOUS_DECAY = '''
+def cautious_decayed_weights(weight_decay):
+    """Cautious weight decay (Chen et al. 2025; heavyball's cautious_weight_decay): optax's
+    add_decayed_weights only where the update u and the parameter agree in sign, u + wd·p·[u·p >= 0]
+    (p then moves against u: the decay only where the step moves p toward zero)."""
+    def update(u, state, params):
+        return jax.tree.map(lambda u, p: u + weight_decay * (p * (u * p >= 0).astype(p.dtype)), u, params), state
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 '''
 
 COUNT = '''

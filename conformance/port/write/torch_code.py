@@ -102,6 +102,14 @@ def optimizer_code(config: Config) -> tuple[str, list[str]]:
 
 
 def _build_function(config: Config, classes: dict[str, str], twin: list[str]) -> list[str]:
+    body = _build_body(config, classes, twin)
+    if any(e["hyper"].get("cautious_weight_decay") for e in layout(config)):
+        twin.append("cautious_weight_decay")
+        body.insert(-1, "    cautious_weight_decay(optimizer)  # the decay only where the step moves p toward zero")
+    return body
+
+
+def _build_body(config: Config, classes: dict[str, str], twin: list[str]) -> list[str]:
     name = config.optimizer.name
     body = ["def build_optimizer(named_parameters):", '    """The optimizer of the spec."""']
     if name == "muon":
