@@ -4,7 +4,7 @@
 
 Torch: `ref_torch.optimizers.build_optimizer(spec, named_params)` (the torch.optim class twinstep
 picks, with its parameter groups, names and hooks) against `torch.optim.<Class>(params, **kwargs)`
-built by hand. JAX: twinstep's optimizer (per-parameter state, injectable group hyper-parameters)
+built by hand (adamw_cwd: heavyball's AdamW with cautious_weight_decay, eager). JAX: twinstep's optimizer (per-parameter state, injectable group hyper-parameters)
 in a jitted step against the closest optax alias in the same jitted step (the ratio measures
 twinstep's JAX plumbing; the arithmetic is torch's, so the aliases are not all numerically equal:
 docs/divergences.md#optimizers). Measurements alternate twinstep and baseline, repeat, and
@@ -35,6 +35,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "schedule_free_adamw": {"name": "schedule_free_adamw", "lr": 1e-3},
     "schedule_free_sgd": {"name": "schedule_free_sgd", "lr": 0.1},
     "ademamix": {"name": "ademamix", "lr": 1e-3},
+    "adamw_cwd": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "cautious_weight_decay": True},
 }
 
 
@@ -70,11 +71,19 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
         bare_classes["ademamix"] = pytorch_optimizer.AdEMAMix
     except ImportError:
         pass
+    try:
+        import heavyball  # the torch peer with cautious weight decay (`pip install heavyball==3.2.1`)
+
+        bare_classes["adamw_cwd"] = lambda ps, **kw: heavyball.AdamW(ps, compile_step=False, **kw)
+        accepted_cwd = {"lr", "betas", "eps", "weight_decay", "cautious_weight_decay"}
+    except ImportError:
+        accepted_cwd = set()
     if name not in bare_classes:
         return None  # no torch built-in to compare with (lion: twinstep's own class; muon: two optimizers;
                     # ademamix without pytorch-optimizer)
     spec = load_config({"optimizer": SPECS[name]}).optimizer
-    accepted = inspect.signature(bare_classes[name]).parameters  # twinstep's extra fields stay out
+    # twinstep's extra fields stay out (heavyball's AdamW: eager, compile_step=False, as twinstep's torch step)
+    accepted = accepted_cwd if name == "adamw_cwd" else inspect.signature(bare_classes[name]).parameters
     kwargs = {k: v for k, v in spec.overrides().items() if k in accepted}
     if name == "adafactor":
         kwargs["eps"] = (None, kwargs["eps"][1])
@@ -125,6 +134,8 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
         "schedule_free_adamw": lambda: optax.contrib.schedule_free_adamw(hp["lr"]),
         "schedule_free_sgd": lambda: optax.contrib.schedule_free_sgd(hp["lr"], b1=hp["momentum"]),
         "ademamix": lambda: optax.contrib.ademamix(hp["lr"], b3=hp["beta3"], alpha=hp["alpha"]),
+        # optax has no cautious weight decay: the plain decay, so the ratio is the mask's cost
+        "adamw_cwd": lambda: optax.adamw(hp["lr"], weight_decay=hp["weight_decay"]),
     }
     key = jax.random.PRNGKey(0)
     params = {k: jax.random.normal(jax.random.fold_in(key, i), s) for i, (k, s) in enumerate(SHAPES.items())}
@@ -160,7 +171,7 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--optimizers", default="sgd,adam,adamw,rmsprop,adagrad,nadam,adafactor,lion,"
-                                            "schedule_free_adamw,schedule_free_sgd,ademamix")
+                                            "schedule_free_adamw,schedule_free_sgd,ademamix,adamw_cwd")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
