@@ -74,7 +74,8 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
     try:
         import heavyball  # the torch peer with cautious weight decay (`pip install heavyball==3.2.1`)
 
-        bare_classes["adamw_cwd"] = lambda ps, **kw: heavyball.AdamW(ps, compile_step=False, **kw)
+        heavyball.utils.compile_mode = None  # eager, as twinstep's torch step (its inductor kernels: a gcc ICE here)
+        bare_classes["adamw_cwd"] = lambda ps, **kw: heavyball.AdamW(list(ps), compile_step=False, **kw)
         accepted_cwd = {"lr", "betas", "eps", "weight_decay", "cautious_weight_decay"}
     except ImportError:
         accepted_cwd = set()
@@ -98,7 +99,15 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
         opt = build_optimizer(spec, params.items()) if ours else bare_classes[name](params.values(), **kwargs)
         if hasattr(opt, "train"):
             opt.train()  # schedulefree's optimizers step in train mode only
-        return opt.step
+        if name != "adamw_cwd":
+            return opt.step
+        grads = {k: p.grad for k, p in params.items()}
+
+        def step() -> None:  # heavyball drops p.grad after its step: both sides get theirs back first
+            for k, p in params.items():
+                p.grad = grads[k]
+            opt.step()
+        return step
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     ours, bare = make(True), make(False)
