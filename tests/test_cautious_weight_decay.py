@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 from support.optimizers import run_all, spec_of, worst
-from test_port_code import SHAPES, check_both
+from test_port_code import check_both
 
 from conformance.config import load_config
-from conformance.errors import ConfigError, UnsupportedError
+from conformance.errors import ConfigError
 from conformance.run.compare import compare_runs, describe_failure
 
 pytestmark = pytest.mark.usefixtures("persistent_xla_cache", "one_thread")
@@ -116,23 +116,10 @@ def test_the_snippets_decay_cautiously(name: str) -> None:
     check_both(config, poison=())
 
 
-def test_the_torch_snippet_carries_it_for_muon_and_optax_refuses_it() -> None:
-    from conformance.harness.backends import Backend
-    from conformance.port.verify.traces import compare, gradient_stream, run_backend, run_snippet
-    from conformance.port.write.optax_code import optax_code
-    from conformance.port.write.torch_code import torch_code
-
+def test_the_snippets_decay_cautiously_for_muon_and_its_fallback() -> None:
     config = load_config({"optimizer": {**SPECS["muon"], "cautious_weight_decay": True},
                           "precision": {"dtype": "float64"}})
-    rng = np.random.default_rng(3)
-    values = {k: rng.normal(size=s) for k, s in SHAPES.items()}
-    windows = gradient_stream(SHAPES, 6)
-    with Backend("torch").context():
-        want = run_backend("torch", config, values, windows)
-        got = run_snippet("torch", torch_code(config, "test"), config, values, windows)
-    assert compare(got, want, 1e-12, 1e-10)[1] is None
-    with pytest.raises(UnsupportedError, match="muon with cautious_weight_decay is not written out for optax"):
-        optax_code(config, "test")
+    check_both(config, poison=())
 
 
 @pytest.mark.parametrize("table, message", [

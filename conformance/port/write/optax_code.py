@@ -129,13 +129,11 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
                    f"{lit(e2)}, {lit(hp['d'])}, {wd})")
         return "optax.chain(" + ", ".join(out) + ")"
     elif name == "muon":
-        if hp["cautious_weight_decay"]:
-            raise UnsupportedError("to_code: muon with cautious_weight_decay is not written out for optax; use "
-                                   "twinstep's JAX backend (ref_jax) for it, or port --to torch")
         use(parts.COUNT, parts.MUON)
         mom = f"momentum_{i}" if cycled == "momentum" else lit(hp["momentum"])
         out.append(f"torch_muon({lr}, {mom}, {hp['nesterov']}, {lit(tuple(hp['ns_coefficients']))}, "
-                   f"{hp['ns_steps']}, {val('eps')}, {wd}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']})")
+                   f"{hp['ns_steps']}, {val('eps')}, {wd}, {lit(hp['adjust_lr_fn'])}, jnp.{hp['ns_dtype']}"
+                   f"{', cautious=True' if hp['cautious_weight_decay'] else ''})")
         return "optax.chain(" + ", ".join(out) + ")"
     if decays and decoupled and hp.get("cautious_weight_decay"):
         use(parts.CAUTIOUS_DECAY)

@@ -237,17 +237,19 @@ def orthogonalize(g, coefficients, steps, eps, dtype):
     return x.T if tall else x
 
 
-def torch_muon(lr, momentum, nesterov, coefficients, steps, eps, weight_decay, adjust_lr_fn, dtype):
-    """torch.optim.Muon (the whole update, lr included) for 2-D parameters."""
+def torch_muon(lr, momentum, nesterov, coefficients, steps, eps, weight_decay, adjust_lr_fn, dtype, cautious=False):
+    """torch.optim.Muon (the whole update, lr included) for 2-D parameters; `cautious`: the decay only
+    where the step moves p toward zero (cautious weight decay, [o·p >= 0])."""
     def init(params):
         return _count_state(params, "buf")
     def update(g, s, params):
         buf = jax.tree.map(lambda b, x: lerp(b, x, 1 - momentum), s["buf"], g)
         def leaf(x, b, p):
-            o = orthogonalize(lerp(x, b, momentum) if nesterov else b, coefficients, steps, eps, dtype)
+            o = orthogonalize(lerp(x, b, momentum) if nesterov else b, coefficients, steps, eps, dtype).astype(p.dtype)
             rows, cols = p.shape
             ratio = max(1.0, rows / cols) ** 0.5 if adjust_lr_fn == "original" else 0.2 * max(rows, cols) ** 0.5
-            return -(lr * ratio) * o.astype(p.dtype) - lr * weight_decay * p
+            decayed = p * (o * p >= 0).astype(p.dtype) if cautious else p
+            return -(lr * ratio) * o - lr * weight_decay * decayed
         return jax.tree.map(leaf, g, buf, params), {"count": s["count"] + 1, "buf": buf}
     return optax.GradientTransformation(init, update)
 '''
