@@ -1,4 +1,5 @@
-"""Cautious weight decay (`cautious_weight_decay = true` on adamw, lion, muon, ademamix; Chen et al. 2025,
+"""Cautious weight decay (`cautious_weight_decay = true` on adamw, lion, muon, ademamix and every optimizer
+with decoupled_weight_decay = true; Chen et al. 2025,
 heavyball's cautious_weight_decay, nanochat's Muon): the decoupled decay only where the step moves the
 parameter toward zero. The bundled cases (optimizer/heavyball-adamw-cautious-decay-*) pin AdamW against
 heavyball 3.2.1 in float64; here each optimizer's twins against the oracle, the cases' negative control
@@ -31,6 +32,9 @@ SPECS = {
     "muon": {"name": "muon", "lr": 0.05, "weight_decay": 0.3, "ns_dtype": "float64",
              "fallback": {"name": "adamw", "lr": 0.01, "weight_decay": 0.2, "cautious_weight_decay": True}},
     "ademamix": {"name": "ademamix", "lr": 0.02, "weight_decay": 0.3, "alpha_warmup": 3},
+    **{f"{n}-decoupled": {"name": n, "lr": 0.05, "weight_decay": 0.4, "decoupled_weight_decay": True, **extra}
+       for n, extra in (("sgd", {"momentum": 0.9}), ("adam", {"amsgrad": True}), ("rmsprop", {"centered": True}),
+                        ("adagrad", {"lr_decay": 0.1}), ("adamax", {}), ("nadam", {}), ("radam", {}))},
 }
 
 
@@ -107,7 +111,8 @@ def test_heavyball_adds_eps_as_a_floor(eps: float, equal: bool) -> None:
     assert (err < 1e-14) is equal, err  # measured 8.9e-16 at 0 and 2.1e-8 at 1e-8
 
 
-@pytest.mark.parametrize("name", ["adamw", "lion", "ademamix"])
+@pytest.mark.parametrize("name", ["adamw", "lion", "ademamix", "sgd-decoupled", "adam-decoupled", "rmsprop-decoupled",
+                                  "adagrad-decoupled", "nadam-decoupled"])
 def test_the_snippets_decay_cautiously(name: str) -> None:
     from conformance.config import Config
 
@@ -123,8 +128,12 @@ def test_the_snippets_decay_cautiously_for_muon_and_its_fallback() -> None:
 
 
 @pytest.mark.parametrize("table, message", [
-    ({"name": "sgd", "cautious_weight_decay": True}, "optimizer.cautious_weight_decay is only used when name is "
-                                                     "adamw, lion, muon, ademamix"),
+    ({"name": "sgd", "cautious_weight_decay": True}, "optimizer.cautious_weight_decay needs decoupled_weight_decay "
+                                                     "= true for sgd"),
+    ({"name": "adam", "decoupled_weight_decay": True, "groups": [{"params": ["*"], "decoupled_weight_decay": False,
+                                                                  "cautious_weight_decay": True}]},
+     r"optimizer.groups\[0\].cautious_weight_decay needs decoupled_weight_decay = true for adam"),
+    ({"name": "adafactor", "cautious_weight_decay": True}, "optimizer.cautious_weight_decay is only used when name is"),
     ({"name": "adamw", "groups": [{"params": ["*"], "cautious_weight_decay": 1}]}, "cautious_weight_decay"),
 ])
 def test_the_spec_refuses_it_where_no_decoupled_decay_reads_it(table: dict, message: str) -> None:

@@ -39,7 +39,8 @@ Semantics that torch.optim cannot express are explicit extra fields, implemented
   `cautious=True` computes them: the update u is masked where it disagrees in sign with the
   gradient, per parameter tensor of n entries, u ← u·m·n/(Σm + 1) with m = [u·g > 0] (g after
   maximize's negation), before p ← p − lr·u; the decoupled decay is not masked.
-- `cautious_weight_decay` (adamw, lion, muon, ademamix): cautious weight decay (Chen et al. 2025,
+- `cautious_weight_decay` (adamw, lion, muon, ademamix, and with decoupled_weight_decay = true sgd,
+  adam, rmsprop, adagrad, adamax, nadam, radam): cautious weight decay (Chen et al. 2025,
   arXiv 2510.12402; nanochat's Muon, heavyball 3.2.1's `cautious_weight_decay=True`): the decoupled
   decay only where the step moves the parameter toward zero, p ← p − lr·u − lr·wd·p·[u·p ≥ 0] (u the
   step p moves against, lr the group's: Muon's decay ignores adjust_lr_fn, as torch.optim.Muon's).
@@ -95,23 +96,26 @@ MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim._muon DEFAULT_A/
 # The hyper-parameters each optimizer reads, with torch's defaults (lion: lucidrains/lion-pytorch).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0,
-            "maximize": False, "decoupled_weight_decay": False},
+            "maximize": False, "decoupled_weight_decay": False, "cautious_weight_decay": False},
     "adam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
              "decoupled_weight_decay": False, "maximize": False, "eps_root": 0.0,
-             "amsgrad_variant": "torch", "eps_hat": False},
+             "amsgrad_variant": "torch", "eps_hat": False, "cautious_weight_decay": False},
     "adamw": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 1e-2, "amsgrad": False,
               "maximize": False, "eps_root": 0.0, "amsgrad_variant": "torch", "eps_hat": False,
               "cautious_weight_decay": False},
     "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0,
-                "centered": False, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False},
+                "centered": False, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False,
+                "cautious_weight_decay": False},
     "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0,
-                "eps": 1e-10, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False},
+                "eps": 1e-10, "maximize": False, "eps_in_sqrt": False, "decoupled_weight_decay": False,
+                "cautious_weight_decay": False},
     "adamax": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "maximize": False,
-               "decoupled_weight_decay": False, "eps_hat": False},
+               "decoupled_weight_decay": False, "eps_hat": False, "cautious_weight_decay": False},
     "nadam": {"lr": 2e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0, "momentum_decay": 4e-3,
-              "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True, "eps_hat": False},
+              "decoupled_weight_decay": False, "maximize": False, "momentum_schedule": True, "eps_hat": False,
+              "cautious_weight_decay": False},
     "radam": {"lr": 1e-3, "betas": _BETAS, "eps": 1e-8, "weight_decay": 0.0,
-              "decoupled_weight_decay": False, "maximize": False},
+              "decoupled_weight_decay": False, "maximize": False, "cautious_weight_decay": False},
     "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False, "cautious": False,
              "cautious_weight_decay": False},
     "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": ("auto", 1e-3), "d": 1.0,
@@ -331,6 +335,9 @@ def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str |
     if name == "schedule_free_sgd" and not 0.0 < hp.get("momentum", 0.9) < 1.0:
         fail("momentum", f"must be in (0, 1) for schedule_free_sgd (schedulefree.SGDScheduleFree); "
                          f"received {hp['momentum']}")
+    if hp.get("cautious_weight_decay") and name not in ALWAYS_DECOUPLED and not hp.get("decoupled_weight_decay"):
+        fail("cautious_weight_decay", f"needs decoupled_weight_decay = true for {name} (it masks the decoupled decay "
+                                      f"p·(1 − lr·wd); torch's L2 decay enters the gradient instead)")
     if name == "rmsprop" and "alpha" in hp and not 0.0 <= hp["alpha"] <= 1.0:
         fail("alpha", f"must be in [0, 1] for rmsprop (the smoothing constant of the squared average); "
                       f"received {hp['alpha']}")

@@ -118,7 +118,7 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
         o["decoupled_weight_decay"] = True
     if name not in ("muon", "schedule_free_adamw", "schedule_free_sgd") and draw(st.integers(0, 4)) == 0:
         o["maximize"] = True
-    if name in ("adamw", "lion", "muon", "ademamix") and draw(st.booleans()):
+    if (name in ("adamw", "lion", "muon", "ademamix") or o.get("decoupled_weight_decay")) and draw(st.booleans()):
         o["cautious_weight_decay"] = True
     return o
 
