@@ -18,7 +18,8 @@ import pytest
 from conformance.cli import main
 from conformance.cli.drift_runs import Planned, chains, worker_threads
 from conformance.config import load_config
-from conformance.run.drift import MULTIPLE, exact_overrides, nudge_lr, nudge_weights, relative_distance
+from conformance.errors import TwinstepError
+from conformance.run.drift import MULTIPLE, exact_overrides, measure, nudge_lr, nudge_weights, relative_distance
 
 ROOT = Path(__file__).resolve().parents[1]
 F32 = np.dtype(np.float32)
@@ -118,6 +119,15 @@ def test_a_rounding_sized_lr_difference_is_inside_and_one_percent_is_outside(tmp
     # rounding-sized, and not zero: the twins do differ (after update 1 they are equal: warm-up's lr is 0);
     # measured 8.3e-7 after 10 updates, the self-runs 8.6e-7: 1e-5 is an order of magnitude above both
     assert max(doc["twins"]) > 0 and all(d < 1e-5 for d in doc["twins"])
+    # the envelope reads run directories only: the same runs under another pair's names measure the same
+    runs = tmp_path / "ulp" / "runs"
+    pair = measure({"mine": runs / "torch", "theirs": runs / "jax"},
+                   {"mine": [runs / "torch-seed1"], "theirs": [runs / "jax-seed1"]},
+                   {"mine": runs / "torch-exact", "theirs": runs / "jax-exact"})
+    assert pair.twins == doc["twins"] and pair.floor == doc["floor"]
+    assert set(pair.selves) == {"mine-seed1", "theirs-seed1"}
+    with pytest.raises(TwinstepError, match="compares two twins; received 1"):
+        measure({"mine": runs / "torch"}, {"mine": [runs / "torch-seed1"]})
     rc, doc, text = _drift(tmp_path, "lr", "--jax-set", f"optimizer.lr={lr * 1.01!r}", capsys=capsys)
     assert rc == 1 and not doc["inside"] and doc["worst_ratio"] > 100 * MULTIPLE  # measured 3,730
     assert "OUTSIDE the envelope" in text

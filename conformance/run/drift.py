@@ -135,13 +135,16 @@ def _loss_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]],
             exact: Mapping[str, Path] | None = None) -> Envelope:
     """The envelope of finished runs: `twins` and `exact` {framework: run dir}, `selves` {framework:
-    [run dir per seed]}; every run saved checkpoints at the same updates."""
+    [run dir per seed]}; every run saved checkpoints at the same updates. The two frameworks may be
+    any pair (named by the keys of `twins`, in that order)."""
+    if len(twins) != 2:
+        raise TwinstepError(f"the envelope compares two twins; received {len(twins)} ({', '.join(twins)})")
+    first, second = twins
     weights = {fw: saved_weights(d) for fw, d in twins.items()}
     points = sorted(set.intersection(*(set(w) for w in weights.values())) - {0})
     if not points:
         raise TwinstepError(f"the runs in {Path(next(iter(twins.values()))).parent} saved no checkpoint in common")
-    torch_w, jax_w = (weights[fw] for fw in FRAMEWORKS)
-    twin_d = _distances(torch_w, jax_w, points)
+    twin_d = _distances(weights[first], weights[second], points)
     self_d: dict[str, list[float]] = {}
     loss_base = {fw: _losses(d) for fw, d in twins.items()}
     loss_self = []
@@ -158,7 +161,7 @@ def measure(twins: Mapping[str, Path], selves: Mapping[str, Sequence[Path]],
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(floor > 0, np.array(twin_d) / floor, np.inf)
     spread = max(_largest_ratio(table[i], np.delete(table, i, axis=0).max(axis=0)) for i in range(len(table)))
-    loss_twins = _loss_difference(loss_base["torch"], loss_base["jax"])
+    loss_twins = _loss_difference(loss_base[first], loss_base[second])
     n = min(len(loss_twins), *(len(x) for x in loss_self))
     loss_floor = np.max(np.array([x[:n] for x in loss_self]), axis=0)
     return Envelope(points, twin_d, floor.tolist(), self_d, exact_d, rounding.tolist(), ratio.tolist(), spread,
