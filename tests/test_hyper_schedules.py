@@ -3,9 +3,9 @@ momentum warm-up, weight decay that follows the lr, betas that move. The bundled
 (optimizer/torch-*-warmup, -wd-follows-lr, -beta2-warmup-beta1-decay) pin the update path against
 torch.optim with the values set by hand; here: the spec's and the rules' refusals, the values
 `schedule_values` reports on each backend against the recipe's own formula, both trainers on one
-config with z-loss and a Muon momentum warm-up (float64, equal to 1e-10; a run without the warm-up
-is the control), and a real `twinstep train` process killed inside a warm-up update that resumes
-bit for bit. Negative controls: each case without its hyper schedule fails; a resume that restarts
+config with z-loss, a Muon momentum warm-up and nanochat's cautious weight decay (float64, equal to
+1e-10; a run without the warm-up is the control), and a real `twinstep train` process killed inside a
+warm-up update that resumes bit for bit. Negative controls: each case without its hyper schedule fails; a resume that restarts
 the warm-up, or a JAX step that ignores it, is caught.
 """
 
@@ -40,8 +40,8 @@ RECIPE: dict[str, Any] = {
     "model": {"name": "mlp", "hidden": [8]},
     "data": {"name": "binary_blobs", "n_samples": 256, "batch_size": 16},
     "loss": {"name": "cross_entropy", "z_loss": 1e-2},
-    "optimizer": {"name": "muon", "lr": 0.02, "momentum": 0.95, "weight_decay": 0.01,
-                  "fallback": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05}},
+    "optimizer": {"name": "muon", "lr": 0.02, "momentum": 0.95, "weight_decay": 0.01, "cautious_weight_decay": True,
+                  "fallback": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05}},  # nanochat's cautious decay
     "schedule": {"name": "cosine", "t_max": UPDATES, "hyper": {"momentum": WARMUP,
                                                               "weight_decay": {"name": "cosine", "t_max": UPDATES}}},
     "precision": {"dtype": "float64"},
