@@ -53,7 +53,8 @@ def test_the_twins_decay_where_the_oracle_does(name: str) -> None:
     out = run_all(spec, params, grads, "float64")
     assert worst(out["torch"], out["oracle"]) <= 1e-12 and worst(out["jax"], out["oracle"]) <= 1e-12
     plain = run_all(spec_of(SPECS[name]), params, grads, "float64", backends=("oracle",))["oracle"]
-    assert worst(plain, out["oracle"], states=False) > 1e-4  # control: the mask changes the run
+    # control: the mask changes the run (measured 0.038 for ademamix to 0.12 for nadam, normwise relative)
+    assert worst(plain, out["oracle"], states=False) > 1e-4
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
@@ -81,6 +82,8 @@ def test_the_mask_is_the_papers_sign_rule() -> None:
     spec = spec_of({"name": "adamw", "lr": 0.1, "eps": 0.0, "weight_decay": 0.5, "cautious_weight_decay": True})
     want = np.array([1.0 - 0.1 - 0.05, -1.0 - 0.1, 2.0 + 0.1, -2.0 + 0.1 + 0.1])
     for backend, got in run_all(spec, {"p": p}, [{"p": g}], "float64").items():
+        # u = ±1 exactly (m̂ = g, √v̂ = |g|), so each entry is ≤ 3 roundings of values below 2.1, each
+        # ≤ 2.2e-16: 6.7e-16 < 1e-15 (measured 0 on every backend)
         np.testing.assert_allclose(got["params"][0]["p"], want, rtol=0, atol=1e-15, err_msg=backend)
 
 

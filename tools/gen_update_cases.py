@@ -217,11 +217,7 @@ def bundled() -> list[dict[str, Any]]:
 
 def _momentum_warmup(steps: int) -> Hyper:
     # modded-nanogpt's train_gpt.py: frac = min(step / 300, 1); momentum = (1 - frac) * 0.85 + frac * 0.95
-    def set_momentum(opts: list[torch.optim.Optimizer], t: int) -> None:
-        frac = min(t / steps, 1.0)
-        for group in opts[0].param_groups:
-            group["momentum"] = (1 - frac) * 0.85 + frac * 0.95
-    return set_momentum
+    return _set("momentum", lambda t: (1 - min(t / steps, 1.0)) * 0.85 + min(t / steps, 1.0) * 0.95)
 
 
 def _wd_follows_lr(wd: float) -> Hyper:
