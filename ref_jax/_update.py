@@ -1,7 +1,8 @@
 """One optimizer update, the whole path, for the trainer and tests/test_update_path.py.
 
     scale → gradients over the window (accumulation) → unscale + finite check → clip → the
-    optimizer's step, or a skip → loss-scale update → the schedule advanced or held
+    optimizer's step (clip.target = "updates": the step clipped instead), or a skip → loss-scale
+    update → the schedule advanced or held
 
 A skipped update leaves parameters and optimizer state as they were, is counted in SkipState, and
 advances the schedule only with schedule_on_skip = "advance". The non-finite policy raises before
@@ -114,6 +115,7 @@ def make_update_step(
     model_state) and the new state is the one after the window, applied or skipped (as torch's
     buffers, which the forward passes update in place)."""
     prec = specs.precision
+    clip, clip_step = specs.clip.targets()  # clip_step: clip.target = "updates", the step is clipped instead
 
     def step(state: UpdateState, window: Any, counts: Any = None,
              hyperparams: Hyperparams = None) -> tuple[UpdateState, DeviceInfo]:
@@ -127,14 +129,14 @@ def make_update_step(
             grads_ok = grads_finite(grads)
         loss_ok = jnp.all(jnp.isfinite(out.loss))
         finite = grads_ok & loss_ok
-        norm = total_norm(grads, specs.clip.norm_type)  # no host check inside the step
-        clipped = clip_with_norm(specs.clip, grads, norm)
+        norm = total_norm(grads, clip.norm_type)  # no host check inside the step
+        clipped = clip_with_norm(clip, grads, norm)
         opt_state = _with_hyperparams(state.opt_state, hyperparams)
         updates, new_opt = tx.update(clipped, opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        new_params = _clipped_step(clip_step, state.params, optax.apply_updates(state.params, updates))
 
         # error_if_nonfinite raises on the host (finish_update), so apply nothing here either
-        applied = finite & jnp.isfinite(norm) if specs.clip.error_if_nonfinite else finite
+        applied = finite & jnp.isfinite(norm) if clip.error_if_nonfinite else finite
 
         def keep(new: Any, old: Any) -> Any:  # a skipped update changes nothing
             return jax.tree.map(lambda n, o: jnp.where(applied, n, o), new, old)
@@ -158,7 +160,18 @@ def finish_update(specs: UpdateSpecs, state: UpdateState, info: DeviceInfo,
         skips = SkipState(state.skips.skipped, info.consecutive)
         check_nonfinite(specs.precision, skips, info.loss_finite, info.grads_finite, update)
     else:
-        check_norm(specs.clip, info.grad_norm, info.grads_finite)
+        check_norm(specs.clip.targets()[0], info.grad_norm, info.grads_finite)
     return UpdateInfo(float(info.loss), float(info.grad_norm), skipped,
                       float(info.loss_scale) if specs.precision.dynamic_scaling else None,
                       specs.precision.schedule_advances(skipped))
+
+
+def _clipped_step(clip_step: ClipSpec | None, params: Any, new_params: Any) -> Any:
+    """The parameters after the step; with clip_step (clip.target = "updates") the step taken,
+    Δ = p' − p, is clipped by its rules and p + clip(Δ) returned (optax's clip after the optimizer),
+    in torch's operations (its step is taken in place, then read back as p' − p)."""
+    if clip_step is None:
+        return new_params
+    steps = jax.tree.map(lambda n, o: n - o, new_params, params)
+    steps = clip_with_norm(clip_step, steps, total_norm(steps, clip_step.norm_type))
+    return jax.tree.map(lambda o, d: o + d, params, steps)

@@ -1,7 +1,8 @@
 """One optimizer update, the whole path, for the trainer and tests/test_update_path.py.
 
     scale → gradients over the window (accumulation) → unscale + finite check → clip → the
-    optimizer's step, or a skip → loss-scale update → the schedule advanced or held
+    optimizer's step (clip.target = "updates": the step clipped instead), or a skip → loss-scale
+    update → the schedule advanced or held
 
 A skipped update leaves parameters and optimizer state as they were, is counted in SkipState, and
 advances the schedule only with schedule_on_skip = "advance". The non-finite policy raises before
@@ -93,7 +94,8 @@ def apply_update(
                                       no_sync=ranks.no_sync if ranks else None)
     loss = ranks.reduce_loss(out.loss) if ranks else out.loss
     grads = ranks.local_grads(grads) if ranks else grads
-    p = specs.clip.norm_type
+    clip, clip_step = specs.clip.targets()  # clip_step: clip.target = "updates", the step is clipped instead
+    p = clip.norm_type
     if scaling:
         grads, grads_ok = scaler.unscale(grads)  # before clipping: the clip threshold is in the gradients' true scale
     norm = total_norm(grads, p)
@@ -103,11 +105,11 @@ def apply_update(
     loss_ok = torch.isfinite(loss)
     finite_dev = grads_ok & loss_ok if scaling else None  # the scaler's flag, on the device
     # clip_value would clamp an inf gradient to a finite one before the exact check could see it
-    held = specs.clip.clip_value is None and _holds_on_device(optimizer)
+    held = clip.clip_value is None and _holds_on_device(optimizer)
     if held:  # clip and step queued before the read; a non-finite loss or norm holds the step on the device
-        clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
+        clip_with_norm(clip, grads, norm, ranks.reduce_norm if sharded else None)
         step_ok = (finite_dev if scaling else loss_ok) & torch.isfinite(norm)
-        _step(optimizer, update, found_inf=(~step_ok).to(torch.float32))
+        _clipped_step(optimizer, update, clip_step, params, ranks, found_inf=(~step_ok).to(torch.float32))
     values = _to_host([loss, norm] + ([grads_ok, scale] if scaling else []))
     loss_v, norm_v = values[:2]
     scale_v = values[3] if scaling else None
@@ -128,11 +130,11 @@ def apply_update(
             grad_flags = {**grad_flags, "(a shard on another rank)": torch.tensor(False)}
         check_nonfinite(specs.precision, skips, loss_flag, grad_flags, update)
     elif finite and (not held or not math.isfinite(norm_v)):  # held: the norm overflowed on finite gradients
-        if specs.clip.mode != "none" and not math.isfinite(norm_v):
-            check_norm(specs.clip, norm, grads)  # error_if_nonfinite: raise naming the first bad one
+        if clip.mode != "none" and not math.isfinite(norm_v):
+            check_norm(clip, norm, grads)  # error_if_nonfinite: raise naming the first bad one
         if not held:
-            clip_with_norm(specs.clip, grads, norm, ranks.reduce_norm if sharded else None)
-        _step(optimizer, update)
+            clip_with_norm(clip, grads, norm, ranks.reduce_norm if sharded else None)
+        _clipped_step(optimizer, update, clip_step, params, ranks)
     if scaling:
         scaler.update(finite_dev)
     advanced = specs.precision.schedule_advances(not finite)
@@ -184,6 +186,26 @@ def _step(optimizer: torch.optim.Optimizer, update: int | None, found_inf: torch
         raise NonFiniteError(f"{where}the optimizer step overflows {dtype} with lr {lrs}: a step scalar derived "
                              f"from the hyper-parameters is too large for {dtype}; lower optimizer.lr, or train "
                              f"in float64") from None
+
+
+@torch.no_grad()
+def _clipped_step(optimizer: torch.optim.Optimizer, update: int | None, clip_step: ClipSpec | None,
+                  params: Mapping[str, Any], ranks: World | None, found_inf: torch.Tensor | None = None) -> None:
+    """The step; with clip_step (clip.target = "updates") the step taken, Δ = p' − p, is clipped by
+    its rules and p ← p + clip(Δ) (optax's clip after the optimizer); a held step is Δ = 0."""
+    if clip_step is None:
+        _step(optimizer, update, found_inf)
+        return
+    local = ranks.local_grads(dict(params)) if ranks else params  # this rank's shards under FSDP
+    before = {k: v.detach().clone() for k, v in local.items()}
+    _step(optimizer, update, found_inf)
+    steps = {k: v.detach() - before[k] for k, v in local.items()}
+    sharded = ranks is not None and ranks.sharded
+    norm = total_norm(steps, clip_step.norm_type)
+    clip_with_norm(clip_step, steps, ranks.reduce_norm(norm, clip_step.norm_type) if sharded else norm,
+                   ranks.reduce_norm if sharded else None)
+    for k, v in local.items():
+        v.detach().copy_(before[k] + steps[k])
 
 
 def _to_host(values: list[Any]) -> list[float]:

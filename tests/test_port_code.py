@@ -119,6 +119,11 @@ PATHS = {  # clip, accumulation, precision
     "value-then-norm-optax": ({"clip_value": 0.3, "max_norm": 0.5, "eps": 0.0}, {"steps": 1}, F64),
     "value-then-per-parameter-eps": ({"clip_value": 0.3, "max_norm": 0.4, "per_parameter": True, "eps": 1e-3},
                                      {"steps": 1}, F64),
+    # clip.target = "updates": the step clipped (AdamW's ~0.05 per element: every rule is active)
+    "updates-norm-dynamic": ({"max_norm": 0.05, "target": "updates"}, {"steps": 2}, DYNAMIC),
+    "updates-value-then-norm-optax": ({"clip_value": 0.01, "max_norm": 0.05, "eps": 0.0, "target": "updates"},
+                                      {"steps": 1}, F64),
+    "updates-per-parameter": ({"max_norm": 0.02, "per_parameter": True, "target": "updates"}, {"steps": 1}, F64),
 }
 
 

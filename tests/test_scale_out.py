@@ -6,9 +6,10 @@ data.batch_size × accumulation.steps = 72 in every run: 2 ranks × 12, 1 × 24,
 In CI (one run of each feature): an FSDP2 run's checkpoints are per-rank shards, and the run cut
 back to update 2 and resumed on ONE process ends where the uninterrupted two-rank run ends; two JAX
 processes train as one process with the same global batch, and write the sharded layout; FSDP2
-with clip.per_parameter and run.compile trains as one process does. Negative controls: a resume
-that changes the global batch is refused naming the three fields; the comparison catches a run with
-half the global batch, and global-norm clipping in place of per-parameter clipping.
+with clip.per_parameter and run.compile trains as one process does, and so does FSDP2 clipping the
+step (clip.target = "updates"). Negative controls: a resume that changes the global batch is refused
+naming the three fields; the comparison catches a run with half the global batch, global-norm
+clipping in place of per-parameter clipping, and the gradients clipped in place of the step.
 
 With -m slow: the same checkpoint resumes on 4 ranks; JAX processes and torch FSDP resume each
 other's sharded checkpoints; per-parameter clipping with each rank's local shard norms (the mutant
@@ -198,6 +199,18 @@ def test_fsdp_clips_per_parameter_and_compiles_like_one_process(tmp: Path) -> No
     # negative control: global-norm clipping at the same max_norm is another run (the clip is active)
     train(write_config(tmp, max_norm=0.05), tmp / "global-one", "torch", 1, "--set", "data.batch_size=24")
     assert_different_run(tmp / "global-one", tmp / "pp-two")
+
+
+def test_fsdp_clips_the_step_like_one_process(tmp: Path) -> None:
+    # clip.target = "updates": the step's norm over every rank's shards (an AdamW step of ~1e-2 per
+    # element over 42 weights: ~0.065, clipped to 0.01 in every update)
+    config, step = write_config(tmp, max_norm=0.01), ("--set", 'clip.target="updates"')
+    train(config, tmp / "step-two", "torch", 2, *step)
+    train(config, tmp / "step-one", "torch", 1, *step, "--set", "data.batch_size=24")
+    assert_same_run(tmp / "step-one", tmp / "step-two")
+    # negative control: clipping the gradients at the same max_norm is another run
+    train(config, tmp / "grads-one", "torch", 1, "--set", "data.batch_size=24")
+    assert_different_run(tmp / "grads-one", tmp / "step-two")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -212,7 +212,47 @@ def bundled() -> list[dict[str, Any]]:
              native=_ademamix(0.05, 0.0, lambda c: 0.99 + 0.0 * c,
                               lambda c: np.where(c + 1 < 3, (c + 1) / 3, 1.0) * 4.0 * (1 + np.cos(np.pi * c / 6)) / 2),
              shapes=OPEN, n=6),
+        dict(id="optax-adamw-then-clip-by-global-norm", note="optax.chain(optax.adamw(0.1, weight_decay=0.1), "
+             "optax.clip_by_global_norm(0.25)): the clip after the optimizer clips its updates (lr and decay "
+             "included), here in some updates and not in others",
+             tables={"optimizer": {"name": "adamw", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1},
+                     "clip": {"max_norm": 0.25, "eps": 0.0, "target": "updates"}},
+             native=_optax_chain(lambda optax: optax.chain(optax.adamw(0.1, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1),
+                                                           optax.clip_by_global_norm(0.25))),
+             shapes=OPEN, n=6),
+        dict(id="optax-sgd-momentum-then-clip", note="optax.chain(optax.sgd(0.2, momentum=0.9), optax.clip(0.03)): "
+             "every element of the update clamped to [-0.03, 0.03], the momentum buffer kept unclamped",
+             tables={"optimizer": {"name": "sgd", "lr": 0.2, "momentum": 0.9},
+                     "clip": {"clip_value": 0.03, "target": "updates"}},
+             native=_optax_chain(lambda optax: optax.chain(optax.sgd(0.2, momentum=0.9), optax.clip(0.03))),
+             shapes=OPEN, n=5),
+        dict(id="optax-adam-then-clip-value-and-norm", note="optax.chain(optax.adam(0.1), optax.clip(0.04), "
+             "optax.clip_by_global_norm(0.1)): the updates clamped, then clipped by the clamped updates' norm",
+             tables={"optimizer": {"name": "adam", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8},
+                     "clip": {"clip_value": 0.04, "max_norm": 0.1, "eps": 0.0, "target": "updates"}},
+             native=_optax_chain(lambda optax: optax.chain(optax.adam(0.1, b1=0.9, b2=0.999, eps=1e-8), optax.clip(0.04),
+                                                           optax.clip_by_global_norm(0.1))),
+             shapes=OPEN, n=5),
     ]
+
+
+def _optax_chain(build: Callable[[Any], Any]) -> Native:
+    """The optax transform build(optax) run in float64 (x64): p ← optax.apply_updates(p, updates)."""
+    def run(params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]) -> list[dict]:
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        with jax.enable_x64(True):
+            tx = build(optax)
+            p = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
+            state, out = tx.init(p), []
+            for g in grads:
+                u, state = tx.update({k: jnp.asarray(np.asarray(v, np.float64)) for k, v in g.items()}, state, p)
+                p = optax.apply_updates(p, u)
+                out.append({k: np.asarray(v) for k, v in p.items()})
+        return out
+    return run
 
 
 def _momentum_warmup(steps: int) -> Hyper:
@@ -237,22 +277,12 @@ def _set(key: str, value: Callable[[int], float]) -> Hyper:
 def _ademamix(lr: float, wd: float, b3: Callable[[Any], Any], alpha: Callable[[Any], Any]) -> Native:
     """optax.contrib.ademamix in float64 with β3 and α as functions of its count (the update's index,
     read before its increment), cast to float64 first (optax's count is int32)."""
-    def run(params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]) -> list[dict]:
-        import jax
+    def build(optax: Any) -> Any:
         import jax.numpy as jnp
-        import optax
 
-        with jax.enable_x64(True):
-            tx = optax.contrib.ademamix(lr, b3=lambda c: b3(jnp.asarray(c, jnp.float64)),
-                                        alpha=lambda c: alpha(jnp.asarray(c, jnp.float64)), weight_decay=wd)
-            p = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-            state, out = tx.init(p), []
-            for g in grads:
-                u, state = tx.update({k: jnp.asarray(np.asarray(v, np.float64)) for k, v in g.items()}, state, p)
-                p = optax.apply_updates(p, u)
-                out.append({k: np.asarray(v) for k, v in p.items()})
-        return out
-    return run
+        return optax.contrib.ademamix(lr, b3=lambda c: b3(jnp.asarray(c, jnp.float64)),
+                                      alpha=lambda c: alpha(jnp.asarray(c, jnp.float64)), weight_decay=wd)
+    return _optax_chain(build)
 
 
 def _betas(beta1: Callable[[int], float], beta2: Callable[[int], float]) -> Hyper:

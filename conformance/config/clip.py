@@ -6,6 +6,7 @@
     eps = 1e-6              # torch's denominator term; eps = 0 is optax.clip_by_global_norm exactly
     per_parameter = false   # true: every parameter's gradient is clipped to max_norm on its own
     error_if_nonfinite = false
+    target = "gradients"    # or "updates": clip the optimizer's step instead (optax's clip after adam)
 
 or `clip_value = 0.5` (clamp every element to [-0.5, 0.5]). No field set: no clipping, but the
 gradient norm is still computed and logged.
@@ -24,6 +25,14 @@ those, as torch's get_total_norm), c = max_norm:
   clip_grad_value_ then clip_grad_norm_; optax.chain(optax.clip(v), clip_by_global_norm(c))). The
   returned and logged norm is still the one before any clipping.
 
+target = "updates" applies the same rules to the optimizer's step instead of the gradients: with
+p the parameters before the update and p' after the optimizer's whole step (its lr, momentum,
+weight decay and cautious mask included), Δ = p' − p is clipped and p ← p + clip(Δ); the
+optimizer's state is not touched. It is optax.chain(optax.adamw(...), optax.clip_by_global_norm(c))
+(or optax.clip(v) after the optimizer), whose clip sees the updates scaled by −lr. The gradients
+are then not clipped; the logged norm is still the gradients' norm. error_if_nonfinite is a
+gradient rule and is refused with it.
+
 Clipping runs on unscaled gradients. In a training update a non-finite gradient is [precision]'s
 business (skip or raise); error_if_nonfinite then only fires when every gradient is finite but the
 norm overflows, or when clip_gradients is called on its own.
@@ -32,7 +41,7 @@ norm overflows, or when clip_gradients is called on its own.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -69,9 +78,16 @@ class ClipSpec(Section):
     per_parameter: bool = False
     eps: NonNegative = TORCH_EPS
     error_if_nonfinite: bool = False
+    target: Literal["gradients", "updates"] = "gradients"
 
     @model_validator(mode="after")
     def _check(self) -> "ClipSpec":
+        if self.target == "updates":
+            if self.mode == "none":
+                raise field_error("target", "'updates' needs a rule to apply: set max_norm or clip_value")
+            if self.error_if_nonfinite:
+                raise field_error("error_if_nonfinite", "is a gradient rule; with target = 'updates' a "
+                                                        "non-finite gradient skips the update ([precision])")
         if self.max_norm is None:
             for name in ("per_parameter", "eps"):
                 if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
@@ -86,3 +102,10 @@ class ClipSpec(Section):
         if self.max_norm is None:
             return "none" if self.clip_value is None else "value"
         return "per_parameter" if self.per_parameter else "global_norm"
+
+    def targets(self) -> tuple["ClipSpec", "ClipSpec | None"]:
+        """(the rule on the gradients, the rule on the optimizer's step or None): with target =
+        "updates" the gradients are not clipped (their norm, of the same order, is still logged)."""
+        if self.target == "gradients":
+            return self, None
+        return ClipSpec.model_construct(norm_type=self.norm_type), self

@@ -8,7 +8,9 @@ Each micro-batch {"g": {name: array}, "count": c, "poison": π} has the loss L =
     loss scaling      G ← (G·S)·float32(1/S) with S the scale in force (dynamic scaling only)
     finite check      the update is skipped when a window loss or G is non-finite: parameters and
                       optimizer state stay, the non-finite policy may raise (rules.nonfinite)
-    clip              G ← clip(G) by [clip] (oracle.clipping), the norm taken before clipping
+    clip              G ← clip(G) by [clip] (oracle.clipping), the norm taken before clipping;
+                      with clip.target = "updates" G is not clipped and the step is, after it:
+                      p ← p + clip(p' − p) with p' the optimizer's result
     step              each parameter by its group's optimizer (oracle.optimizers.update) with
                       lr = the group's schedule at s (oracle.schedules), onecycle's cycled momentum
                       or beta1 and every [schedule.hyper.<key>] from the group's own value likewise
@@ -99,7 +101,9 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
         consecutive = 0 if finite else consecutive + 1
         out["scales"].append(float(scale) if prec.dynamic_scaling else None)
         if finite:
-            clipped = clip_and_norm(config.clip, grads)["grads"]
+            on_grads, on_step = config.clip.targets()
+            clipped = clip_and_norm(on_grads, grads)["grads"]
+            before = dict(p)
             for name, g in clipped.items():
                 if p[name].size == 0:
                     continue  # zero-size parameters are left out of the optimizer
@@ -116,6 +120,9 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
                 st = states.get(name) or init_state(group.optimizer, hp, p[name])
                 new, states[name] = update(group.optimizer, hp, p[name], g, st, dt)
                 p[name] = _round(new, dt)
+            if on_step is not None:  # clip the step taken, Δ = p' − p, and apply p + clip(Δ)
+                steps = clip_and_norm(on_step, {k: p[k] - before[k] for k in p})["grads"]
+                p = {k: _round(before[k] + steps[k], dt) for k in p}
         else:
             skipped += 1
             check_nonfinite(prec, consecutive, loss_ok, grads_ok, update=t)

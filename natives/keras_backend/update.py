@@ -19,6 +19,7 @@ from natives.keras_backend.schedules import schedule, values
 
 def clip_args(spec: ClipSpec) -> dict[str, Any]:
     """Keras's clipping arguments: global_clipnorm (2-norm, no eps), clipnorm (per variable), clipvalue."""
+    require(spec, "clip", "target", ("gradients",), "Keras's optimizers (they clip the gradients)")
     if spec.mode == "value":
         return {"clipvalue": spec.clip_value}
     if spec.mode == "none":

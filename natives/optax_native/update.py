@@ -1,5 +1,5 @@
-"""The update path in optax: chain(clipping, optimizer) with each group's schedule as its learning
-rate, applied once per update (optax's count drives the schedule: update t applies schedule(t));
+"""The update path in optax: chain(clipping, optimizer) (clip.target = "updates": chain(optimizer,
+clipping)) with each group's schedule as its learning rate, applied once per update (optax's count drives the schedule: update t applies schedule(t));
 [schedule.hyper] through optax.inject_hyperparams around the alias (its count drives them alike)."""
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
     hyper = {key: [None if b is None else schedule_fn(spec, b, len(grads), updates_per_epoch)
                    for b in hyper_bases(config.schedule, config.optimizer)[key]]
              for key, spec in (config.schedule.hyper or {}).items()}
-    tx = optax.chain(clipping(config.clip), build(config.optimizer, groups, fns, hyper))
+    core = build(config.optimizer, groups, fns, hyper)
+    # clip.target = "updates": the clip after the optimizer sees its updates (optax's own order)
+    tx = optax.chain(core, clipping(config.clip)) if config.clip.target == "updates" else \
+        optax.chain(clipping(config.clip), core)
     p = {k: jnp.asarray(np.asarray(v, np.float64), dt) for k, v in params.items()}
     state = tx.init(p)
     out: dict[str, list[Any]] = {"params": [], "lrs": [], "skipped": [], "scales": []}

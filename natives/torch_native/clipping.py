@@ -23,6 +23,7 @@ from natives.torch_native.backend import dtype_of, to_numpy
 def clip(spec: ClipSpec, params: list[torch.Tensor]) -> float:
     """Clip the `.grad` of `params` in place as the spec says; the total norm before clipping."""
     require(spec, "clip", "eps", (TORCH_EPS,), "torch.nn.utils.clip_grad_norm_ (eps fixed at 1e-6)")
+    require(spec, "clip", "target", ("gradients",), "torch.nn.utils (it clips .grad, before the step)")
     grads = [p.grad for p in params]
     norm = float(torch.nn.utils.get_total_norm(grads, spec.norm_type))
     try:

@@ -8,6 +8,7 @@ The building blocks (optax_desc) must read, in order:
     core: scale_by_adam | scale_by_amsgrad | scale_by_rms | scale_by_stddev | scale_by_rss |
           scale_by_adamax | scale_by_lion | scale_by_ademamix | trace | (none: plain SGD)
     [trace (rms, stddev)] [add_decayed_weights: decoupled] scale_by_learning_rate [trace]
+    [clip] [clip_by_global_norm]      the updates clipped (clip.target = "updates"; not both sides)
 
 or optax.contrib's schedule_free_adamw / schedule_free_sgd alone (after clipping), without a
 warm-up (optax evaluates it one count ahead of schedulefree: SF-OPTAX; no spec field says so).
@@ -170,6 +171,26 @@ def _schedule_free(b: Block, clip: dict[str, Any]) -> tuple[dict[str, Any], dict
     return fields, clip, a["learning_rate"], f"{b.where}.learning_rate"
 
 
+def _update_clip(bs: list[Block], i: int, clip: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """optax.clip / clip_by_global_norm after the optimizer clip its updates: clip.target = "updates"
+    (by value, by norm, or by value then by norm); (index after them, the clip table)."""
+    out: dict[str, Any] = {}
+    while i < len(bs) and bs[i].name in ("clip", "clip_by_global_norm"):
+        b = bs[i]
+        if clip:
+            raise UnsupportedError(f"{b.where}: the gradients are clipped already; twinstep clips the gradients "
+                                   "or the updates (clip.target), not both")
+        if out and not (set(out) == {"clip_value"} and b.name == "clip_by_global_norm"):
+            raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once, or by value "
+                                   "then by norm (optax.chain(optax.clip(v), optax.clip_by_global_norm(c)))")
+        if b.name == "clip":
+            out = {"clip_value": _positive(b.args["max_delta"], f"{b.where}.max_delta")}
+        else:
+            out = {**out, "max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
+        i += 1
+    return i, ({**out, "target": "updates"} if out else clip)
+
+
 def optimizer(bs: list[Block]) -> tuple[dict[str, Any], dict[str, Any], Any, str]:
     """(optimizer fields without lr, clip table, learning-rate description, its where) of the blocks."""
     i, clip, coupled, maximize = _gradient_side(bs)
@@ -193,6 +214,7 @@ def optimizer(bs: list[Block]) -> tuple[dict[str, Any], dict[str, Any], Any, str
     after_lr = None
     if i < len(bs) and bs[i].name == "trace":
         after_lr, i = bs[i], i + 1
+    i, clip = _update_clip(bs, i, clip)
     if i < len(bs):
         raise UnsupportedError(f"{bs[i].where}: optax.{bs[i].name} after the learning rate has no spec field")
     fields = _core(core, momentum)

@@ -86,8 +86,10 @@ def hf_arguments(config: Config) -> tuple[dict[str, Any], list[str]]:
     _optimizer(config, out, notes)
     _schedule(config, out)
     c = config.clip
-    if c.clip_value is not None or c.per_parameter or (c.max_norm is not None and (c.norm_type != 2.0 or c.eps != 1e-6)):
-        raise _refuse("clip", c.model_dump(exclude_none=True), "Trainer clips by the global 2-norm with torch's eps (max_grad_norm)")
+    if c.clip_value is not None or c.per_parameter or c.target != "gradients" or \
+            (c.max_norm is not None and (c.norm_type != 2.0 or c.eps != 1e-6)):
+        raise _refuse("clip", c.model_dump(exclude_none=True),
+                      "Trainer clips by the global 2-norm with torch's eps (max_grad_norm), the gradients")
     out["max_grad_norm"] = c.max_norm or 0.0
     if config.accumulation.steps > 1:
         out["gradient_accumulation_steps"] = config.accumulation.steps

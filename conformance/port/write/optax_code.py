@@ -210,7 +210,8 @@ def tx_code(config: Config, need: list[str]) -> str:
     else:
         body = "".join(f'        "g{i}": {c},\n' for i, c in enumerate(chains))
         inner = "optax.multi_transform({\n" + body + "    }, param_labels)"
-    whole = f"optax.chain({clip}, {inner})" if clip else inner
+    whole = inner if not clip else (f"optax.chain({inner}, {clip})" if config.clip.target == "updates"
+                                    else f"optax.chain({clip}, {inner})")  # "updates": the clip sees the updates
     tx = (f"def make_tx({args}):\n    \"\"\"The whole chain; inject_hyperparams feeds it the values of every update.\"\"\"\n"
           f"    return {whole}\n\n\n"
           f"TX = optax.inject_hyperparams(make_tx)(**{{n: jnp.asarray(0.0, PARAM_DTYPE) for n in {names!r}}})")

@@ -143,7 +143,8 @@ def _build_body(config: Config, classes: dict[str, str], twin: list[str]) -> lis
     return body + ["    return optimizer"]
 
 
-def _clip_code(config: Config) -> list[str]:
+def _clip_code(config: Config, norm: str = "norm") -> list[str]:
+    # the rule on `grads` (and the parameters' .grad); `norm`: their total norm before clipping
     c = config.clip
     if c.mode == "none":
         return []
@@ -162,8 +163,20 @@ def _clip_code(config: Config) -> list[str]:
             return [*value, f"torch.nn.utils.clip_grad_norm_(self.params, {lit(c.max_norm)}, {lit(c.norm_type)}{err})"]
         return [*value, f"clip_by_norm(grads, torch.nn.utils.get_total_norm(grads, {lit(c.norm_type)}))"]
     if c.eps == 1e-6:
-        return [f"torch.nn.utils.clip_grads_with_norm_(self.params, {lit(c.max_norm)}, norm)"]
-    return ["clip_by_norm(grads, norm)"]
+        return [f"torch.nn.utils.clip_grads_with_norm_(self.params, {lit(c.max_norm)}, {norm})"]
+    return [f"clip_by_norm(grads, {norm})"]
+
+
+def _step_clip_code(config: Config) -> list[str]:
+    """clip.target = "updates": the step taken, Δ = p' − p, handed to the clipping rule as the
+    parameters' .grad (the gradients are spent), and p ← p + clip(Δ) (optax's clip after adam)."""
+    return ["with torch.no_grad():  # clip.target = \"updates\": clip the step taken, not the gradients",
+            "    for q, b in zip(self.params, before):",
+            "        q.grad = q - b",
+            "    grads = [q.grad for q in self.params]",
+            *("    " + line for line in _clip_code(config, "torch.nn.utils.get_total_norm(grads, NORM_TYPE)")),
+            "    for q, b in zip(self.params, before):",
+            "        q.copy_(b + q.grad)"]
 
 
 def _clip_helper(config: Config) -> str:
@@ -226,7 +239,10 @@ def torch_code(config: Config, source: str = "", updates_per_epoch: int = 1) -> 
         pieces.append(helper)
     from conformance.port.write.torch_step import updater_code
 
-    pieces.append(updater_code(config, _clip_code(config)))
+    if config.clip.target == "updates":
+        pieces.append(updater_code(config, [], _step_clip_code(config)))
+    else:
+        pieces.append(updater_code(config, _clip_code(config)))
     return "\n\n\n".join(p for p in pieces if p) + "\n"
 
 

@@ -57,8 +57,10 @@ def _ema_update(config: Config) -> list[str]:
             "        self.ema.update_parameters(self.model)"]
 
 
-def updater_code(config: Config, clip: list[str]) -> str:
-    """The Updater class (clip: the clipping statements, run on unscaled, finite gradients)."""
+def updater_code(config: Config, clip: list[str], step_clip: list[str] | None = None) -> str:
+    """The Updater class (clip: the clipping statements, run on unscaled, finite gradients;
+    step_clip: clip.target = "updates", the statements that clip the step, with `before` the
+    parameters before it)."""
     p, a = config.precision, config.accumulation
     scaler = "None"
     if p.dynamic_scaling:
@@ -117,7 +119,9 @@ def updater_code(config: Config, clip: list[str]) -> str:
                  "finite = bool(torch.stack(checks).all())  # the loss and every gradient: one sync"]
     body += ["norm = torch.nn.utils.get_total_norm(grads, NORM_TYPE)",
              "if finite:", *("    " + line for line in clip),
+             *(["    before = [q.detach().clone() for q in self.params]"] if step_clip else []),
              "    self.optimizer.step()" if not p.dynamic_scaling else "    self.scaler.step(self.optimizer)",
+             *("    " + line for line in step_clip or []),
              "    self.skipped_in_a_row = 0", *_ema_update(config),
              "else:  # skipped: parameters and optimizer state stay as they are",
              "    self.skipped_in_a_row += 1", *_policy_lines(config)]
