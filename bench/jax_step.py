@@ -121,7 +121,8 @@ def step_pair(config: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
         return optax.apply_updates(p, updates), s, value
 
     bare_step = jax.jit(bare_update, donate_argnums=(0, 1))
-    theirs = {"p": params, "s": tx.init(params)}
+    # the state placed as the step's outputs will be (committed, replicated): else a second compile
+    theirs = {"p": params, "s": place.put_replicated(tx.init(params))}
 
     def bare() -> Any:
         theirs["p"], theirs["s"], value = bare_step(theirs["p"], theirs["s"], 0)
