@@ -105,7 +105,8 @@ class ClipSpec(Section):
 
     def targets(self) -> tuple["ClipSpec", "ClipSpec | None"]:
         """(the rule on the gradients, the rule on the optimizer's step or None): with target =
-        "updates" the gradients are not clipped (their norm, of the same order, is still logged)."""
+        "updates" the gradients are not clipped (a rule without clipping, of the same norm_type, whose
+        norm is still logged)."""
         if self.target == "gradients":
             return self, None
         return ClipSpec.model_construct(norm_type=self.norm_type), self

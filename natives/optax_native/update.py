@@ -1,5 +1,6 @@
 """The update path in optax: chain(clipping, optimizer) (clip.target = "updates": chain(optimizer,
-clipping)) with each group's schedule as its learning rate, applied once per update (optax's count drives the schedule: update t applies schedule(t));
+clipping)) with each group's schedule as its learning rate, applied once per update (optax's count
+drives the schedule: update t applies schedule(t));
 [schedule.hyper] through optax.inject_hyperparams around the alias (its count drives them alike)."""
 
 from __future__ import annotations

@@ -48,18 +48,29 @@ def _gradient_side(bs: list[Block]) -> tuple[int, dict[str, Any], float | None, 
             maximize = True
         elif b.name == "add_decayed_weights":
             decay = _decay(b)
-        elif clip and not (set(clip) == {"clip_value"} and b.name == "clip_by_global_norm"):
-            raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once, or by value "
-                                   "then by norm (optax.chain(optax.clip(v), optax.clip_by_global_norm(c)))")
         elif decay is not None:
+            _refuse_second_clip(b, clip)
             raise UnsupportedError(f"{b.where} clips g + weight_decay·p; twinstep (like torch) clips the gradient "
                                    f"before the optimizer adds the decay: clip first")
-        elif b.name == "clip":
-            clip = {"clip_value": _positive(b.args["max_delta"], f"{b.where}.max_delta")}
         else:
-            clip = {**clip, "max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
+            clip = _clip_table(b, clip)
         i += 1
     return i, clip, decay, maximize
+
+
+def _refuse_second_clip(b: Block, clip: dict[str, Any]) -> None:
+    # one clipping transform, or the norm after a clip by value
+    if clip and not (set(clip) == {"clip_value"} and b.name == "clip_by_global_norm"):
+        raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once, or by value "
+                               "then by norm (optax.chain(optax.clip(v), optax.clip_by_global_norm(c)))")
+
+
+def _clip_table(b: Block, clip: dict[str, Any]) -> dict[str, Any]:
+    """`clip` with the clipping block `b` (clip or clip_by_global_norm) read into it."""
+    _refuse_second_clip(b, clip)
+    if b.name == "clip":
+        return {"clip_value": _positive(b.args["max_delta"], f"{b.where}.max_delta")}
+    return {**clip, "max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
 
 
 def _positive(value: Any, where: str) -> float:
@@ -180,13 +191,7 @@ def _update_clip(bs: list[Block], i: int, clip: dict[str, Any]) -> tuple[int, di
         if clip:
             raise UnsupportedError(f"{b.where}: the gradients are clipped already; twinstep clips the gradients "
                                    "or the updates (clip.target), not both")
-        if out and not (set(out) == {"clip_value"} and b.name == "clip_by_global_norm"):
-            raise UnsupportedError(f"{b.where}: a second clipping transform; twinstep clips once, or by value "
-                                   "then by norm (optax.chain(optax.clip(v), optax.clip_by_global_norm(c)))")
-        if b.name == "clip":
-            out = {"clip_value": _positive(b.args["max_delta"], f"{b.where}.max_delta")}
-        else:
-            out = {**out, "max_norm": _positive(b.args["max_norm"], f"{b.where}.max_norm"), "eps": 0.0}
+        out = _clip_table(b, out)
         i += 1
     return i, ({**out, "target": "updates"} if out else clip)
 
