@@ -33,7 +33,7 @@ import optax
 from conformance.config.optimizer import DYNAMIC, OptimizerSpec
 from conformance.errors import ConfigError
 from conformance.rules.groups import ParamGroup, resolve_groups
-from ref_jax import _elementwise
+from ref_jax import _elementwise, _prodigy
 
 
 @jax.tree_util.register_static
@@ -79,6 +79,8 @@ def group_options(group: ParamGroup) -> tuple[dict[str, Any], dict[str, Any]]:
         static["momentum_on"] = hp["momentum"] != 0
     if "weight_decay" in hp:
         static["decay_on"] = hp["weight_decay"] != 0
+    if name == "prodigy":
+        static["first_moment"] = hp["betas"][0] > 0  # prodigyopt keeps no exp_avg at beta1 = 0
     return dynamic, static
 
 
@@ -129,7 +131,8 @@ def fresh_state(plan: Plan, hyperparams: tuple[dict[str, Any], ...],
     leaves = {}
     for name, gi, shape, dtype in zip(plan.names, plan.group_index, plan.shapes, plan.dtypes):
         like = jnp.asarray(params[name]) if params is not None else jnp.zeros(shape, dtype)
-        leaves[name] = _elementwise.init(plan.optimizers[gi], like, plan.cfg(gi))
+        init = _prodigy.init if plan.optimizers[gi] == "prodigy" else _elementwise.LEAVES[plan.optimizers[gi]][0]
+        leaves[name] = init(like, plan.cfg(gi))
     return OptimizerState(plan, tuple({k: _array(v) for k, v in h.items()} for h in hyperparams), leaves)
 
 
@@ -139,6 +142,10 @@ def apply(grads: Mapping[str, Any], state: OptimizerState, params: Mapping[str, 
     plan = state.plan
     leaves = dict(state.leaves)
     updates = {k: jnp.zeros_like(v) for k, v in params.items()}
+    if plan.optimizers and plan.optimizers[0] == "prodigy":  # one d for every parameter: all at once
+        moved, new = _prodigy.apply(grads, {n: leaves[n] for n in plan.names}, params, state.hyperparams,
+                                    dict(zip(plan.names, plan.group_index)), plan.cfg(0), present)
+        return {**updates, **moved}, OptimizerState(plan, state.hyperparams, {**leaves, **new})
     for name, gi in zip(plan.names, plan.group_index):
         p, s = params[name], state.leaves[name]
         cfg = {**plan.cfg(gi), "param_dtype": p.dtype}

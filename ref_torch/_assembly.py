@@ -17,7 +17,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from conformance.config.optimizer import OptimizerSpec
 from conformance.rules.groups import ParamGroup, resolve_groups
-from ref_torch import _ademamix, _elementwise, _muon, _schedule_free
+from ref_torch import _ademamix, _elementwise, _muon, _prodigy, _schedule_free
 
 # torch state key -> neutral name, per optimizer
 STATE_NAMES: dict[str, dict[str, str]] = {
@@ -36,6 +36,8 @@ STATE_NAMES: dict[str, dict[str, str]] = {
                             "lr_max": "lr_max"},
     "schedule_free_sgd": {"step": "step", "z": "z", "weight_sum": "weight_sum", "lr_max": "lr_max"},
     "ademamix": {"step": "step", "exp_avg_fast": "m", "exp_avg_slow": "m_slow", "exp_avg_sq": "v"},
+    "prodigy": {"step": "step", "exp_avg": "m", "exp_avg_sq": "v", "s": "s", "p0": "p0", "d": "d", "d_max": "d_max",
+                "d_numerator": "d_numerator", "k": "k"},
 }
 STATE_NAMES["adamw"] = STATE_NAMES["adam"]
 
@@ -75,7 +77,7 @@ def optimizer_class(name: str, groups: list[dict[str, Any]]) -> tuple[Callable[.
     """The class for `name` given its groups, and the twinstep-only keys it must not receive."""
     if name == "lion":
         return _elementwise.Lion, set()
-    for private in (_ademamix, _schedule_free):
+    for private in (_ademamix, _prodigy, _schedule_free):
         if name in private.OPTIMIZERS:
             return private.OPTIMIZERS[name], set()
     decoupled = any(g.get("decoupled_weight_decay") for g in groups)

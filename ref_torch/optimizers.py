@@ -169,7 +169,8 @@ def import_state(state: Any, neutral: Mapping[str, Any]) -> Any:
                     device = p.device if (fused or capturable) else None
                     new["step"] = torch.tensor(float(np.asarray(value)), dtype=_get_scalar_dtype(is_fused=fused),
                                                device=device)
-                elif key in ("mu_product", "weight_sum", "lr_max"):  # 0-d: float64 for float64 parameters
+                elif key in ("mu_product", "weight_sum", "lr_max", "d", "d_max", "d_numerator", "k"):
+                    # 0-d: float64 for float64 parameters
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
                     new[key] = torch.tensor(float(np.asarray(value)), dtype=dtype,
                                             device=p.device if capturable else None)

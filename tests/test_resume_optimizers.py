@@ -1,10 +1,13 @@
 """The newer optimizers' state under a hard kill, on both trainers (`[torch]`, `[jax]`): AdEMAMix
 keeps a per-parameter update count that its α and β3 warm-ups read, and a slow EMA besides Adam's
-two. A real `twinstep train` process killed (SIGKILL, exit 137) inside update 8, while both warm-ups
-are still ramping, resumes from its checkpoint after update 6 and equals the uninterrupted run bit
-for bit (tests/support/resume.py: weights, optimizer state, counters, every metrics line).
+two; Prodigy keeps one d for every parameter (with d_max, its numerator and count), each
+parameter's start p0 and the sum s. A real `twinstep train` process killed (SIGKILL, exit 137)
+inside update 8, while AdEMAMix's warm-ups are still ramping and Prodigy's d still grows, resumes
+from its checkpoint after update 6 and equals the uninterrupted run bit for bit
+(tests/support/resume.py: weights, optimizer state, counters, every metrics line).
 Controls: resumes that forget the optimizer state, or keep the moments but lose the counts (the
-warm-ups read at t = 1 again), fail the same comparison.
+warm-ups read at t = 1 again, Prodigy's p0 taken afresh), or lose Prodigy's shared d, fail the same
+comparison.
 """
 
 from __future__ import annotations
@@ -37,32 +40,39 @@ ADEMAMIX: dict[str, Any] = {
     "checkpoint": {"every": 3, "keep_last": 100},
     "run": {"max_updates": UPDATES, "device": "cpu"},
 }
+PRODIGY: dict[str, Any] = {**ADEMAMIX, "optimizer": {
+    "name": "prodigy", "d0": 1e-4, "weight_decay": 0.01, "use_bias_correction": True, "growth_rate": 1.5,
+    "no_weight_decay": ["*.bias"]}, "schedule": {"name": "cosine", "t_max": UPDATES}}
+RECIPES = {"ademamix": ADEMAMIX, "prodigy": PRODIGY}
+KEPT = {"ademamix": {"m", "m_slow", "v"}, "prodigy": {"m", "v", "s", "p0", "d", "d_max", "d_numerator", "k"}}
 INSIDE = {"torch": ("micro_batch", {"update": 8, "index": 0}), "jax": ("dispatched", {"update": 8})}
 
 
-def train(framework: str, out: Path, **kw: Any) -> Any:
-    return importlib.import_module(f"ref_{framework}.trainer").train(load_config(ADEMAMIX), out, progress="none", **kw)
+def train(framework: str, out: Path, recipe: str, **kw: Any) -> Any:
+    config = load_config(RECIPES[recipe])
+    return importlib.import_module(f"ref_{framework}.trainer").train(config, out, progress="none", **kw)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, persistent_xla_cache: Any, one_thread: Any) -> dict:
-    """Each trainer's uninterrupted AdEMAMix run, every checkpoint kept."""
-    tmp = tmp_path_factory.mktemp("ademamix")
+@pytest.fixture(scope="module", params=sorted(RECIPES))
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, persistent_xla_cache: Any,
+         one_thread: Any) -> dict:
+    """Each trainer's uninterrupted run of one recipe, every checkpoint kept."""
+    recipe = request.param
+    tmp = tmp_path_factory.mktemp(recipe)
     config = tmp / "run.toml"
-    config.write_text(tomlio.dumps(ADEMAMIX))
-    out: dict[str, Path] = {"config": config}
+    config.write_text(tomlio.dumps(RECIPES[recipe]))
+    out: dict[str, Any] = {"config": config, "recipe": recipe}
     for name in FRAMEWORKS:
-        train(name, tmp / name)
+        train(name, tmp / name, recipe)
         out[name] = tmp / name
     return out
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_ademamix_killed_inside_a_warm_up_update_resumes_bit_exact(runs: dict, tmp_path: Path,
-                                                                   framework: str) -> None:
+def test_killed_inside_an_update_resumes_bit_exact(runs: dict, tmp_path: Path, framework: str) -> None:
     saved = ck.load_checkpoint(runs[framework] / "checkpoints" / ck.step_name(CUT)).state
     entry = next(iter(saved.optimizer.values()))
-    assert {"m", "m_slow", "v"} <= set(entry) and int(entry["step"]) == CUT  # what the resume must restore
+    assert KEPT[runs["recipe"]] <= set(entry) and int(entry["step"]) == CUT  # what the resume must restore
     out = tmp_path / "run"
     name, point = INSIDE[framework]
     cmd = [*fault_args(name, **point), "train", str(runs["config"]), "--backend", framework, "--out", str(out),
@@ -71,20 +81,25 @@ def test_ademamix_killed_inside_a_warm_up_update_resumes_bit_exact(runs: dict, t
                        env=child_env())
     assert done.returncode == 137, done.stderr[-2000:]  # killed as SIGKILL would, inside update 8
     assert [u for u, _ in ck.list_checkpoints(out / "checkpoints")][0] == CUT  # newest first
-    train(framework, out, resume=True)
+    train(framework, out, runs["recipe"], resume=True)
     assert differences(runs[framework], out, UPDATES) == []
 
 
-def _counts_lost(checkpoint: ck.Checkpoint) -> ck.Checkpoint:
+def _lost(checkpoint: ck.Checkpoint, start: dict[str, float]) -> ck.Checkpoint:
     state = checkpoint.state
-    lost = {p: {**e, "step": np.zeros_like(e["step"])} for p, e in state.optimizer.items()}
+    lost = {p: {**e, **{k: np.full_like(e[k], v) for k, v in start.items()}} for p, e in state.optimizer.items()}
     return checkpoint._replace(state=state._replace(optimizer=lost))
 
 
-@pytest.mark.parametrize("piece", ["none", "optimizer", "counts"])
+LOST = {"counts": {"step": 0}, "shared": {"d": 1e-4, "d_max": 1e-4, "d_numerator": 0.0, "k": 0.0}}  # prodigy's start
+
+
+@pytest.mark.parametrize("piece", ["none", "optimizer", "counts", "shared"])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_resume_that_forgets_the_state_or_its_counts_is_caught(runs: dict, tmp_path: Path, framework: str,
                                                                  monkeypatch: pytest.MonkeyPatch, piece: str) -> None:
+    if piece == "shared" and runs["recipe"] != "prodigy":
+        pytest.skip("only Prodigy keeps a value shared by every parameter")
     out = cut_after(runs[framework], tmp_path / "cut", CUT)
     calls: list[int] = []
     real = session.pick_checkpoint
@@ -94,9 +109,9 @@ def test_a_resume_that_forgets_the_state_or_its_counts_is_caught(runs: dict, tmp
         found = real(*args)
         if piece == "none":
             return found
-        return forgotten(found, "optimizer") if piece == "optimizer" else _counts_lost(found)
+        return forgotten(found, "optimizer") if piece == "optimizer" else _lost(found, LOST[piece])
 
     monkeypatch.setattr(session, "pick_checkpoint", pick)
-    train(framework, out, resume=True)
+    train(framework, out, runs["recipe"], resume=True)
     assert calls, "the planted bug was never reached"
     assert (differences(runs[framework], out, UPDATES) != []) is (piece != "none")

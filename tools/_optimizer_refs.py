@@ -4,7 +4,7 @@
 mu_product is float64 too); `run_optax` steps optax's own optimizers under jax x64, for what torch has
 no built-in for (Lion, eps_root, optax's AMSGrad, Adagrad and RMSprop with eps inside the square root,
 optax.nadam); `run_pytorch_optimizer` steps pytorch-optimizer's Lion (cautious updates);
-`run_heavyball` steps heavyball's AdamW (cautious weight decay);
+`run_heavyball` steps heavyball's AdamW (cautious weight decay); `run_prodigyopt` steps prodigyopt's Prodigy;
 `run_schedulefree` steps the schedulefree package's AdamWScheduleFree / SGDScheduleFree
 in train mode (the parameters are its y). All return the parameters and the state under the neutral
 names of docs/contract.md §4 after every update.
@@ -91,6 +91,17 @@ def torch_optimizers(spec: dict[str, Any], named: dict[str, torch.nn.Parameter],
     return [muon, other]
 
 
+def _set_grads(named: dict[str, torch.nn.Parameter], grads: dict | None, objective: dict | None) -> None:
+    """One update's gradients: the given ones (None where missing), else the quadratic objective's."""
+    for name, p in named.items():
+        if grads is not None:
+            g = grads.get(name)
+            p.grad = None if g is None else torch.tensor(np.asarray(g, np.float64))
+        else:
+            c, w = (torch.tensor(np.asarray(objective[x][name], np.float64)) for x in ("center", "curvature"))
+            p.grad = (w * (p.detach() - c)).clone()
+
+
 def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None, objective: dict | None,
               steps: int | None, classes: dict[str, Any] = TORCH) -> tuple[list[dict], list[dict]]:
     torch.set_default_dtype(torch.float64)
@@ -99,13 +110,8 @@ def run_torch(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | 
     counts = {k: 0 for k in named}
     out_p, out_s = [], []
     for k in range(len(grads) if grads is not None else steps):
+        _set_grads(named, grads[k] if grads is not None else None, objective)
         for name, p in named.items():
-            if grads is not None:
-                g = grads[k].get(name)
-                p.grad = None if g is None else torch.tensor(np.asarray(g, np.float64))
-            else:
-                c, w = (torch.tensor(np.asarray(objective[x][name], np.float64)) for x in ("center", "curvature"))
-                p.grad = (w * (p.detach() - c)).clone()
             counts[name] += p.grad is not None
         for o in opts:
             _decay_and_eps(spec, o, k + 1)
@@ -157,6 +163,39 @@ def run_heavyball(spec: dict[str, Any], params: dict[str, Any], grads: list[dict
         return heavyball.AdamW(groups, storage_dtype="float64", compile_step=False, **kwargs)
 
     return run_torch(spec, params, grads, objective, steps, classes={"adamw": adamw})[0], []
+
+
+def run_prodigyopt(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,
+                   objective: dict | None, steps: int | None) -> tuple[list[dict], list[dict]]:
+    """prodigyopt 1.1.2's Prodigy in float64 (its d and sums are Python floats; the tensors float64),
+    stepped as run_torch steps torch.optim's classes (the spec's names are its own); state: exp_avg, exp_avg_sq, s, p0 and step per parameter, and its first
+    group's d, d_max, d_numerator and k in every entry."""
+    from prodigyopt import Prodigy
+
+    torch.set_default_dtype(torch.float64)
+    named = {k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64))) for k, v in params.items()}
+    kwargs = _kwargs(spec)
+    opt = Prodigy([{"params": [named[n] for n in ns], **o} for o, ns in _groups(spec, list(named))], **kwargs)
+    out_p, out_s = [], []
+    for k in range(len(grads) if grads is not None else steps):
+        _set_grads(named, grads[k] if grads is not None else None, objective)
+        opt.step()
+        out_p.append({n: p.detach().numpy().copy() for n, p in named.items()})
+        first = opt.param_groups[0]
+        shared = {key: np.asarray(float(first[key])) for key in ("d", "d_max", "d_numerator", "k")}
+        state = {}
+        for name, p in named.items():
+            st = opt.state.get(p, {})
+            if st.get("step", 0) == 0:
+                continue
+            p0 = st["p0"].detach().numpy()  # flat (slice_p = 1), or 0-d for a parameter that was all zeros
+            state[name] = {"step": np.asarray(st["step"]), "v": st["exp_avg_sq"].detach().numpy().copy(),
+                           "s": st["s"].detach().numpy().reshape(p.shape).copy(),
+                           "p0": (p0.reshape(p.shape) if p0.ndim else np.broadcast_to(p0, p.shape)).copy(), **shared}
+            if "exp_avg" in st:  # none at beta1 = 0
+                state[name]["m"] = st["exp_avg"].detach().numpy().copy()
+        out_s.append(state)
+    return out_p, out_s
 
 
 def run_schedulefree(spec: dict[str, Any], params: dict[str, Any], grads: list[dict] | None,

@@ -35,6 +35,7 @@ from _optimizer_refs import (  # noqa: E402
     TORCH,
     run_heavyball,
     run_optax,
+    run_prodigyopt,
     run_pytorch_optimizer,
     run_schedulefree,
     run_torch,
@@ -50,10 +51,11 @@ def _arr(x: Any) -> Any:
 
 
 REFERENCES = {"torch": run_torch, "optax": run_optax, "keras": run_keras, "schedulefree": run_schedulefree,
-              "pytorch_optimizer": run_pytorch_optimizer, "heavyball": run_heavyball}
+              "pytorch_optimizer": run_pytorch_optimizer, "heavyball": run_heavyball, "prodigyopt": run_prodigyopt}
 NAMES = {"torch": "torch.optim", "optax": "optax", "keras": "Keras 3 (JAX backend)",
          "schedulefree": "schedulefree (train mode: the parameters are y)",
-         "pytorch_optimizer": "pytorch-optimizer 4.1.0", "heavyball": "heavyball 3.2.1"}
+         "pytorch_optimizer": "pytorch-optimizer 4.1.0", "heavyball": "heavyball 3.2.1",
+         "prodigyopt": "prodigyopt 1.1.2"}
 
 
 def write_case(path: Path, case_id: str, source: str, spec: dict[str, Any], params: dict[str, Any],
@@ -154,7 +156,7 @@ def bundled() -> list[dict[str, Any]]:
             shp = shapes or (NAMED if kind == "groups" else OPEN)
             first = next(iter(shp))
             every = reference in ("keras", "schedulefree") or spec.get("eps_hat")  # no per-parameter counts
-            miss = {1: [first]} if reference == "torch" and kind != "groups" and not every else None
+            miss = {1: [first]} if reference in ("torch", "prodigyopt") and kind != "groups" and not every else None
             c.update(params=_rng_params(rng, shp), grads=_grads(rng, shp, n, miss))
         cases.append(c)
 
@@ -278,6 +280,27 @@ def bundled() -> list[dict[str, Any]]:
                                                   "cautious_weight_decay": True, "no_weight_decay": ["*.bias"],
                                                   "groups": [{"params": ["head.*"], "cautious_weight_decay": False}]},
         "groups", n=5, **hb, note="a group that decays every entry and biases without decay")
+    # Prodigy: prodigyopt 1.1.2 (one d for every parameter; its defaults: d0 1e-6, no bias correction, growth inf)
+    pr = {"reference": "prodigyopt"}
+    add("prodigyopt-prodigy-closed", {"name": "prodigy"}, "objective", n=10, **pr,
+        note="prodigyopt's defaults: d grows from d0 = 1e-6 as the iterates leave p0")
+    add("prodigyopt-prodigy-open", {"name": "prodigy", "lr": 0.5, "weight_decay": 0.1, "use_bias_correction": True,
+                                    "d0": 0.01}, "open", n=5, **pr,
+        note="bias correction, decoupled decay with d·lr, a parameter without a gradient at update 2")
+    add("prodigyopt-prodigy-coupled-safeguard", {"name": "prodigy", "lr": 0.5, "weight_decay": 0.1,
+                                                 "decouple": False,
+                                                 "safeguard_warmup": True, "d_coef": 2.0, "growth_rate": 1.5,
+                                                 "d0": 0.001}, "objective", n=10, shapes={"w": (2, 3), "b": (3,)}, **pr,
+        note="decouple=False (L2 in the gradient), safeguard_warmup (lr 0.5 out of the sums), d_coef 2, d capped at "
+             "1.5x per update")
+    add("prodigyopt-prodigy-groups", {"name": "prodigy", "lr": 0.8, "betas": [0.8, 0.99], "beta3": 0.9, "d0": 0.001,
+                                      "weight_decay": 0.05, "no_weight_decay": ["*.bias"],
+                                      "groups": [{"params": ["head.*"], "lr": 0.0, "eps": 1e-6, "weight_decay": 0.2}]},
+        "objective", n=8, shapes=NAMED, **pr,
+        note="a group with lr 0 (no sums or moments, decayed with the shared d·lr), biases without decay, beta3 set")
+    add("prodigyopt-prodigy-beta1-zero", {"name": "prodigy", "betas": [0.0, 0.99], "d0": 0.001, "growth_rate": 1.02},
+        "objective", n=8, shapes={"w": (2, 3), "b": (3,)}, **pr,
+        note="beta1 = 0: no exp_avg, the step d·lr·d·g/(sqrt(v) + d·eps) with the new d (prodigyopt 1.1.2's path)")
     for c in cases:
         c.pop("path")
         if c["reference"] == "heavyball":

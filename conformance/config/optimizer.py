@@ -60,6 +60,13 @@ EMA m_slow with β3, mixed as (m̂ + α·m_slow)/(√v̂ + ε), decoupled decay;
 linearly from 0 and `beta3_warmup` ramps β3 from β1 linearly in the EMA's half-life, both over the
 parameter's update count t (1 at the first update; the oracle has the equations).
 
+Prodigy (`prodigy`, Mishchenko & Defazio 2024; prodigyopt 1.1.2's class, names and defaults: lr
+1.0, `beta3` √β2 when unset, `decouple` its AdamW-style decay): Adam whose step size d·lr
+comes from one estimate d of the distance to the solution, shared by every parameter; `d0` starts
+it, `d_coef` scales it, `growth_rate` caps its growth per update, `safeguard_warmup` drops lr from
+the denominator's sum, `use_bias_correction` is Adam's. prodigyopt reads all but lr, weight_decay
+and eps from its first group, and needs every group's lr equal or 0: the spec refuses the rest.
+
 Muon only updates 2-D parameters: every other parameter, and 2-D ones matched by
 `fallback_params`, is updated by `[optimizer.fallback]` (default: AdamW with torch's defaults), the
 usual set-up for biases, norms, embeddings and heads. `conformance.rules.groups` turns the groups into
@@ -69,15 +76,18 @@ between torch.optim and optax and the case or test that pins it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from conformance.config.base import (
     FloatIn,
     IntIn,
     NonNegative,
     Pair,
+    Positive,
     Section,
     UnitClosed,
     UnitHalfOpen,
@@ -86,7 +96,7 @@ from conformance.config.base import (
 
 OptimizerName = Literal[
     "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam", "lion", "adafactor", "muon",
-    "schedule_free_adamw", "schedule_free_sgd", "ademamix",
+    "schedule_free_adamw", "schedule_free_sgd", "ademamix", "prodigy",
 ]
 OPTIMIZER_NAMES: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
 
@@ -132,7 +142,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "ademamix": {"lr": 1e-3, "betas": _BETAS, "beta3": 0.9999, "alpha": 2.0, "beta3_warmup": 0,
                  "alpha_warmup": 0, "eps": 1e-8, "weight_decay": 0.0, "maximize": False,
                  "cautious_weight_decay": False},
+    # prodigyopt 1.1.2's Prodigy and its names: beta3 None is √β2 (filled in from betas)
+    "prodigy": {"lr": 1.0, "betas": _BETAS, "beta3": math.sqrt(_BETAS[1]), "eps": 1e-8, "weight_decay": 0.0,
+                "decouple": True, "use_bias_correction": False, "safeguard_warmup": False,
+                "d0": 1e-6, "d_coef": 1.0, "growth_rate": math.inf},
 }
+
+# Prodigy's fields a parameter group may set; prodigyopt reads every other one from its first group
+PRODIGY_GROUP_FIELDS: tuple[str, ...] = ("lr", "weight_decay", "eps")
 
 SCHEDULE_FREE: tuple[str, ...] = ("schedule_free_adamw", "schedule_free_sgd")
 # weight decay that is p ← p·(1 − lr·wd) before the step whatever the config says
@@ -158,6 +175,15 @@ def _eps(value: Any) -> Any:
     return value
 
 
+def _growth_rate(value: float) -> float:
+    if math.isnan(value) or value < 1:
+        raise PydanticCustomError("range", "must be >= 1 or inf (prodigyopt's default: no cap on d's growth)")
+    return value
+
+
+# the one field that may be inf: prodigyopt's growth_rate default (TOML writes it `inf`)
+GrowthRate = Annotated[float, Field(allow_inf_nan=True), AfterValidator(_growth_rate)]
+
 AdafactorEps = tuple[NonNegative | Literal["auto"], NonNegative]
 
 
@@ -174,6 +200,7 @@ class _Hyper(Section):
     eps: NonNegative | AdafactorEps | None = None
     amsgrad: bool | None = None
     decoupled_weight_decay: bool | None = None
+    decouple: bool | None = None  # prodigy's (prodigyopt's name): AdamW-style decay, else L2 in the gradient
     eps_root: NonNegative | None = None
     amsgrad_variant: Literal["torch", "optax", "optax_raw"] | None = None
     alpha: NonNegative | None = None  # rmsprop's smoothing constant (checked in [0, 1]) or AdEMAMix's mix
@@ -198,6 +225,11 @@ class _Hyper(Section):
     alpha_warmup: IntIn(0) | None = None
     cautious: bool | None = None
     cautious_weight_decay: bool | None = None
+    d0: Positive | None = None
+    d_coef: Positive | None = None
+    growth_rate: GrowthRate | None = None
+    use_bias_correction: bool | None = None
+    safeguard_warmup: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -240,6 +272,8 @@ class OptimizerSpec(_Hyper):
         name = data.get("name", "adamw")
         if not isinstance(name, str) or name not in DEFAULTS:
             return data
+        if name == "prodigy" and isinstance(data.get("betas"), (list, tuple)) and len(data["betas"]) == 2:
+            data.setdefault("beta3", math.sqrt(data["betas"][1]))  # prodigyopt's beta3 = None
         for key, value in DEFAULTS[name].items():
             data.setdefault(key, value)
         if name == "muon":
@@ -260,15 +294,17 @@ class OptimizerSpec(_Hyper):
         check_hyperparameters(self.name, self.overrides(), "")
         if self.fallback is not None:
             fb = self.fallback
-            if fb.name == "muon":
-                raise field_error("fallback.name", "must not be muon (the fallback updates the parameters "
-                                                   "Muon cannot: non-matrix ones)")
+            if fb.name in ("muon", "prodigy"):
+                raise field_error("fallback.name", f"must not be {fb.name} (the fallback updates the parameters "
+                                                   "Muon cannot: non-matrix ones, with an optimizer of its own)")
             for key in ("groups", "no_weight_decay"):
                 if getattr(fb, key):
                     raise field_error(f"fallback.{key}", "is not allowed in the fallback; set it on "
                                                          "[optimizer] (it applies to both optimizers)")
         readers = self.group_optimizers()
         for i, group in enumerate(self.groups):
+            if self.name == "prodigy":
+                _check_prodigy_group(group, i, self.lr)
             for key, value in group.overrides().items():
                 users = [n for n in readers if key in DEFAULTS[n]]
                 if not users:
@@ -296,8 +332,23 @@ class OptimizerSpec(_Hyper):
         raise KeyError(optimizer)
 
 
+def _check_prodigy_group(group: "GroupSpec", i: int, lr: float | None) -> None:
+    # prodigyopt reads betas, d0, d_coef, ... from its first group and its one d serves every group
+    for key, value in group.overrides().items():
+        if key not in PRODIGY_GROUP_FIELDS:
+            raise field_error(f"groups[{i}].{key}", f"cannot differ between prodigy's groups (prodigyopt reads it from "
+                                                    f"the first group; a group may set {', '.join(PRODIGY_GROUP_FIELDS)}); "
+                                                    f"set it on [optimizer]")
+    if group.lr is not None and group.lr not in (lr, 0.0):
+        raise field_error(f"groups[{i}].lr", f"must equal optimizer.lr = {lr} or be 0 for prodigy (one d estimate "
+                                             f"scales every group, prodigyopt refuses other lrs); received {group.lr}")
+
+
 def _unused(key: str, value: Any, name: str) -> str:
     users = ", ".join(USED_BY.get(key, ())) or "no optimizer"
+    if key == "decoupled_weight_decay" and name == "prodigy":
+        return (f"is not used with name = 'prodigy': its field is prodigyopt's `decouple` (true: AdamW-style decay, "
+                f"the default); received {value!r}")
     if key == "decoupled_weight_decay" and name in ALWAYS_DECOUPLED:
         return (f"is not used with name = {name!r}: its weight decay is always decoupled, p ← p·(1 − lr·wd) "
                 f"before the step (the field exists for {users}); received {value!r}")
@@ -338,6 +389,9 @@ def check_hyperparameters(name: str, hp: dict[str, Any], where: str, only: str |
     if hp.get("cautious_weight_decay") and name not in ALWAYS_DECOUPLED and not hp.get("decoupled_weight_decay"):
         fail("cautious_weight_decay", f"needs decoupled_weight_decay = true for {name} (it masks the decoupled decay "
                                       f"p·(1 − lr·wd); torch's L2 decay enters the gradient instead)")
+    if name == "prodigy" and hp.get("eps", 1.0) <= 0:
+        fail("eps", f"must be > 0 for prodigy (prodigyopt refuses 0: a group whose lr is 0 would divide 0 by 0); "
+                    f"received {hp['eps']}")
     if name == "rmsprop" and "alpha" in hp and not 0.0 <= hp["alpha"] <= 1.0:
         fail("alpha", f"must be in [0, 1] for rmsprop (the smoothing constant of the squared average); "
                       f"received {hp['alpha']}")

@@ -34,6 +34,7 @@ Bias corrections 1 − βᵗ and RAdam's ρ_t are evaluated in forms that keep t
              in updates, minus 1), f⁻¹(h) = ½^(1/(h+1));  m ← β1·m + (1−β1)·g;
              m_slow ← β3_t·m_slow + (1−β3_t)·g;  v ← β2·v + (1−β2)·g²;
              u = (m/(1−β1ᵗ) + α_t·m_slow) / (√v/√(1−β2ᵗ) + ε);  p ← p − lr·(u + wd·p)
+    prodigy  all parameters at once, one shared d: conformance/oracle/prodigy.py
     adafactor  c = t^beta2_decay;  ρ = min(lr, 1/√t);  a = max(ε2, RMS(p))·ρ;  decoupled decay;
              ≥2-D: R ← R + c·(mean_last(g²) − R), C ← C + c·(mean_-2(g²) − C) over the last two
              axes, V = R·C / max(mean_-2(R), ε1);  else V ← V + c·(g² − V);
@@ -65,6 +66,7 @@ import numpy as np
 
 from conformance.config.ema import EmaSpec
 from conformance.config.optimizer import ALWAYS_DECOUPLED, SCHEDULE_FREE, OptimizerSpec
+from conformance.oracle import prodigy
 from conformance.oracle.corrections import bias_correction, radam_rho
 from conformance.oracle.ema import update_ema
 from conformance.rules.groups import group_of, resolve_groups
@@ -376,7 +378,10 @@ def run_trajectory(
     out_params, out_state, out_ema, average = [], [], [], None
     for k in range(n):
         gk = grads[k] if grads is not None else objective_grads(objective, p)
-        for name, g in gk.items():
+        if spec.name == "prodigy":  # one d for every parameter: all at once
+            present = {name: np.asarray(g, np.float64) for name, g in gk.items() if p[name].size}
+            p, states = prodigy.update_all([g.hyperparams for g in groups], owner, p, present, states)
+        for name, g in gk.items() if spec.name != "prodigy" else ():
             if p[name].size == 0:
                 continue  # zero-size parameters are left out of the optimizer (nothing to update)
             group = groups[owner[name]]

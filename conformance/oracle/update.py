@@ -11,7 +11,8 @@ Each micro-batch {"g": {name: array}, "count": c, "poison": π} has the loss L =
     clip              G ← clip(G) by [clip] (oracle.clipping), the norm taken before clipping;
                       with clip.target = "updates" G is not clipped and the step is, after it:
                       p ← p + clip(p' − p) with p' the optimizer's result
-    step              each parameter by its group's optimizer (oracle.optimizers.update) with
+    step              each parameter by its group's optimizer (oracle.optimizers.update; prodigy all
+                      at once, oracle.prodigy.update_all) with
                       lr = the group's schedule at s (oracle.schedules), onecycle's cycled momentum
                       or beta1 and every [schedule.hyper.<key>] from the group's own value likewise
     schedule          s = position + t − (skips so far, with schedule_on_skip = "hold"), divided by
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from conformance.config import Config
+from conformance.oracle import prodigy
 from conformance.oracle.clipping import clip_and_norm
 from conformance.oracle.optimizers import init_state, update
 from conformance.oracle.precision import inverse_scale, update_scale
@@ -104,7 +106,12 @@ def run_updates(config: Config, params: Mapping[str, np.ndarray], windows: Seque
             on_grads, on_step = config.clip.targets()
             clipped = clip_and_norm(on_grads, grads)["grads"]
             before = dict(p)
-            for name, g in clipped.items():
+            if opt.name == "prodigy":  # one d for every parameter: all at once (lr the only scheduled field)
+                hps = [dict(group.hyperparams, lr=lrs[i]) for i, group in enumerate(groups)]
+                moved, states = prodigy.update_all(hps, owner, p, {k: g for k, g in clipped.items() if p[k].size},
+                                                   states)
+                p = {k: _round(v, dt) for k, v in moved.items()}
+            for name, g in clipped.items() if opt.name != "prodigy" else ():
                 if p[name].size == 0:
                     continue  # zero-size parameters are left out of the optimizer
                 group = groups[owner[name]]

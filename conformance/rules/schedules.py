@@ -36,6 +36,8 @@ from conformance.rules.groups import group_base_lrs, group_layout
 _HYPER_REFUSED = {
     "schedule_free_sgd": "its averaging assumes fixed hyper-parameters; the schedulefree package schedules none",
     "schedule_free_adamw": "its averaging assumes fixed hyper-parameters; the schedulefree package schedules none",
+    "prodigy": "its d estimate sums over updates with fixed betas (prodigyopt's beta3 follows beta2); only its lr "
+               "takes a schedule",
 }
 
 
@@ -62,6 +64,9 @@ def cycled_hyperparameter(schedule: ScheduleSpec, optimizer: Any) -> str | None:
     if name == "ademamix":
         raise ConfigError("schedule.cycle_momentum = true is not supported with optimizer.name = 'ademamix' "
                           "(its beta1 also starts the beta3 warm-up; no peer cycles it); set it to false")
+    if name == "prodigy":
+        raise ConfigError("schedule.cycle_momentum = true is not supported with optimizer.name = 'prodigy' "
+                          "(its d estimate assumes fixed betas; no peer cycles them); set it to false")
     if name in MOMENTUM_OPTIMIZERS:
         return "momentum"
     if name in BETA1_OPTIMIZERS:

@@ -23,7 +23,10 @@ def state_shapes(optimizer: str, hp: Mapping[str, Any], shape: Sequence[int]) ->
     sequence), schedule_free_adamw also `v` (the package's exp_avg_sq), and the 0-d `weight_sum`
     (Σ of the averaging weights so far) and `lr_max` (the largest warmed-up lr so far); in training
     the parameter is the gradient point y, and the average x (what to evaluate and save) is
-    (y − (1−β)·z)/β, as in the package's AdamWScheduleFree and optax.contrib.schedule_free."""
+    (y − (1−β)·z)/β, as in the package's AdamWScheduleFree and optax.contrib.schedule_free.
+    Prodigy (prodigyopt's names but m, v for exp_avg, exp_avg_sq; no m when β1 = 0): `s` (the gradients' weighted sum)
+    and `p0` (the parameter at its first update), and the optimizer's shared 0-d `d`, `d_max`,
+    `d_numerator` and `k` (its update count, a float), equal in every entry."""
     shape = tuple(int(n) for n in shape)
     out: dict[str, tuple[int, ...]] = {"step": ()}
     full = {"m": shape, "v": shape}
@@ -48,6 +51,10 @@ def state_shapes(optimizer: str, hp: Mapping[str, Any], shape: Sequence[int]) ->
         out["m"] = shape
     elif optimizer == "ademamix":
         out.update(m=shape, m_slow=shape, v=shape)
+    elif optimizer == "prodigy":
+        out.update(v=shape, s=shape, p0=shape, d=(), d_max=(), d_numerator=(), k=())
+        if hp["betas"][0] > 0:  # prodigyopt 1.1.2 keeps no exp_avg at beta1 = 0
+            out["m"] = shape
     elif optimizer == "adafactor":
         if len(shape) > 1:
             out["row_var"] = shape[:-1] + (1,)

@@ -67,7 +67,8 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
         o["weight_decay"] = f(0.0, 0.3)
     if name not in ("sgd", "rmsprop", "adagrad", "adafactor", "muon", "schedule_free_sgd"):
         # schedule-free AdamW's evaluation point divides by β1: β1 > 0 there (a ConfigError at 0)
-        o["betas"] = [f(0.05 if name == "schedule_free_adamw" else 0.0, 0.99), f(0.5, 0.9999)]
+        # prodigy: β1 = 0 steps a group whose lr is 0 by dlr·g/ε (prodigyopt 1.1.2; cases pin it), too wild to draw
+        o["betas"] = [f(0.05 if name in ("schedule_free_adamw", "prodigy") else 0.0, 0.99), f(0.5, 0.9999)]
     if name in ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad", "schedule_free_adamw"):
         o["eps"] = 10 ** f(-10, -2)
     if name in ("schedule_free_adamw", "schedule_free_sgd"):
@@ -107,6 +108,17 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
         o.update(beta3=f(0.9, 0.9999), alpha=f(0.0, 8.0))
         if not group:
             o.update(alpha_warmup=draw(st.integers(0, 6)), beta3_warmup=draw(st.integers(0, 6)))
+    elif name == "prodigy":  # a group takes the lr or 0, its own weight_decay and eps; the rest is global
+        o["eps"] = 10 ** f(-10, -2)
+        if group:
+            o = {"lr": draw(st.sampled_from([None, 0.0]))} | {k: v for k, v in o.items() if k in ("weight_decay", "eps")}
+            o = {k: v for k, v in o.items() if v is not None}
+        else:
+            o.update(use_bias_correction=draw(st.booleans()), safeguard_warmup=draw(st.booleans()),
+                     decouple=draw(st.booleans()), d0=10 ** f(-6, -2), d_coef=f(0.5, 2.0),
+                     growth_rate=draw(st.sampled_from([float("inf"), 1.02, 2.0])))
+            if draw(st.booleans()):
+                o["beta3"] = f(0.5, 0.999)
     elif name == "muon":
         o.update(momentum=f(0.5, 0.99), ns_dtype="float64", eps=10 ** f(-9, -5))
         if not group:
@@ -116,7 +128,7 @@ def _options(draw: Any, name: str, group: bool = False) -> dict[str, Any]:
         o["eps_hat"] = True
     if name in ("sgd", "rmsprop", "adagrad", "adamax", "nadam", "radam", "adam") and not group and draw(st.booleans()):
         o["decoupled_weight_decay"] = True
-    if name not in ("muon", "schedule_free_adamw", "schedule_free_sgd") and draw(st.integers(0, 4)) == 0:
+    if name not in ("muon", "schedule_free_adamw", "schedule_free_sgd", "prodigy") and draw(st.integers(0, 4)) == 0:
         o["maximize"] = True
     if (name in ("adamw", "lion", "muon", "ademamix") or o.get("decoupled_weight_decay")) and draw(st.booleans()):
         o["cautious_weight_decay"] = True

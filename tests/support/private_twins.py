@@ -10,7 +10,7 @@ NOT_YET_ALIGNED: tuple[tuple[str, str], ...] = ()
 # Every pair that was in NOT_YET_ALIGNED when this file was written: the list may lose entries only.
 WAS_NOT_ALIGNED = frozenset({
     "_ademamix", "_assembly", "_clip_transforms", "_elementwise", "_model", "_muon", "_parallel", "_schedule_free",
-    "_schedules", "_steps", "_train_state", "_update",
+    "_schedules", "_steps", "_train_state", "_update", "_prodigy",
 })
 
 _OPTAX_CHAIN = "optax's clipping is a GradientTransformation in an optax.chain; torch clips the gradients in place"
@@ -25,6 +25,11 @@ _SF_LEAF = ("one parameter's pure init / update and its state, dispatched to by 
 _AD_CLASS = ("a torch optimizer is a torch.optim.Optimizer class over ref_torch._elementwise.Foreach; JAX's is an "
              "init / update pair of per-parameter pure functions (OPTIMIZERS on both sides)")
 _AD_LEAF = ("one parameter's pure init / update and its state, dispatched to by ref_jax._elementwise; torch's "
+            "optimizer class keeps a state dict per parameter and updates in place")
+_PR_CLASS = ("a torch optimizer is a torch.optim.Optimizer class whose step() reads every parameter before moving any; "
+             "JAX's is a per-parameter init and one pure update of the whole tree that ref_jax._assembly hands a "
+             "Prodigy plan to")
+_PR_TREE = ("one parameter's fresh state and the pure update of the whole tree (one d for every parameter); torch's "
             "optimizer class keeps a state dict per parameter and updates in place")
 _SF_POINTS = ("one parameter's x or y as a new array; torch's optimizer moves all its parameters in place by its "
               "eval() / train()")
@@ -101,6 +106,11 @@ FRAMEWORK_ONLY: dict[tuple[str, str], str] = {
     ("ref_jax._ademamix", "AdEMAMixState"): _AD_LEAF,
     ("ref_jax._ademamix", "init"): _AD_LEAF,
     ("ref_jax._ademamix", "update"): _AD_LEAF,
+    ("ref_torch._prodigy", "Prodigy"): _PR_CLASS,
+    ("ref_jax._prodigy", "ProdigyState"): _PR_TREE,
+    ("ref_jax._prodigy", "init"): _PR_TREE,
+    ("ref_jax._prodigy", "apply"): _PR_TREE,
+    ("ref_torch._prodigy", "OPTIMIZERS"): _PR_CLASS,
     ("ref_torch._schedule_free", "ScheduleFree"): _SF_CLASSES,
     ("ref_torch._schedule_free", "ScheduleFreeAdamW"): _SF_CLASSES,
     ("ref_torch._schedule_free", "ScheduleFreeSGD"): _SF_CLASSES,

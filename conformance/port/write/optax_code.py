@@ -47,6 +47,9 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
 
     if name in ("schedule_free_adamw", "schedule_free_sgd"):
         return _schedule_free(name, hp, i, cycled, use)
+    if name == "prodigy":
+        raise UnsupportedError("to_code: prodigy is not written out for optax yet (optax.contrib.prodigy always "
+                               "bias-corrects and has no growth_rate); use twinstep's JAX backend (ref_jax) for it")
     if hp.get("eps_hat") and (name not in ("adam", "adamw") or (hp["amsgrad"] and hp["amsgrad_variant"] != "torch")):
         raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) is not written out for optax; "
                                f"use twinstep's JAX backend (ref_jax) for it")

@@ -39,6 +39,9 @@ def _class_for(name: str, groups: list[dict[str, Any]]) -> str:
     none for the spec's semantics (the choice ref_torch._assembly.optimizer_class makes)."""
     if name == "lion":
         return "Lion"
+    if name == "prodigy":
+        raise UnsupportedError("to_code: prodigy is not written out for torch yet; use the twinstep torch backend "
+                               "(ref_torch) or prodigyopt.Prodigy, whose semantics the spec's prodigy follows")
     if name in ("adamax", "nadam") and any(g["eps_hat"] for g in groups):
         raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) has no torch.optim class and "
                                f"is not written out; use the twinstep torch backend (ref_torch) for it")
