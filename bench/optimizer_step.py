@@ -4,7 +4,7 @@
 
 Torch: `ref_torch.optimizers.build_optimizer(spec, named_params)` (the torch.optim class twinstep
 picks, with its parameter groups, names and hooks) against `torch.optim.<Class>(params, **kwargs)`
-built by hand (adamw_cwd: heavyball's AdamW with cautious_weight_decay, eager). JAX: twinstep's optimizer (per-parameter state, injectable group hyper-parameters)
+built by hand (adamw_cwd: heavyball's AdamW with cautious_weight_decay, eager; prodigy: prodigyopt's Prodigy). JAX: twinstep's optimizer (per-parameter state, injectable group hyper-parameters)
 in a jitted step against the closest optax alias in the same jitted step (the ratio measures
 twinstep's JAX plumbing; the arithmetic is torch's, so the aliases are not all numerically equal:
 docs/divergences.md#optimizers). Measurements alternate twinstep and baseline, repeat, and
@@ -36,6 +36,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "schedule_free_sgd": {"name": "schedule_free_sgd", "lr": 0.1},
     "ademamix": {"name": "ademamix", "lr": 1e-3},
     "adamw_cwd": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "cautious_weight_decay": True},
+    "prodigy": {"name": "prodigy", "weight_decay": 0.01},
 }
 
 
@@ -79,6 +80,12 @@ def bench_torch(name: str, steps: int, repeats: int, device: str) -> tuple[float
         accepted_cwd = {"lr", "betas", "eps", "weight_decay", "cautious_weight_decay"}
     except ImportError:
         accepted_cwd = set()
+    try:
+        import prodigyopt  # the torch peer whose Prodigy twinstep's follows (`pip install prodigyopt==1.1.2`)
+
+        bare_classes["prodigy"] = prodigyopt.Prodigy
+    except ImportError:
+        pass
     if name not in bare_classes:
         return None  # no torch built-in to compare with (lion: twinstep's own class; muon: two optimizers;
                     # ademamix without pytorch-optimizer)
@@ -145,6 +152,9 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
         "ademamix": lambda: optax.contrib.ademamix(hp["lr"], b3=hp["beta3"], alpha=hp["alpha"]),
         # optax has no cautious weight decay: the plain decay, so the ratio is the mask's cost
         "adamw_cwd": lambda: optax.adamw(hp["lr"], weight_decay=hp["weight_decay"]),
+        # always bias-corrected, no growth cap: the same work per step as prodigyopt's defaults
+        "prodigy": lambda: optax.contrib.prodigy(hp["lr"], hp["betas"], hp["beta3"], hp["eps"], estim_lr0=hp["d0"],
+                                                 weight_decay=hp["weight_decay"]),
     }
     key = jax.random.PRNGKey(0)
     params = {k: jax.random.normal(jax.random.fold_in(key, i), s) for i, (k, s) in enumerate(SHAPES.items())}
@@ -180,7 +190,7 @@ def bench_jax(name: str, steps: int, repeats: int) -> tuple[float, float, float]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--optimizers", default="sgd,adam,adamw,rmsprop,adagrad,nadam,adafactor,lion,"
-                                            "schedule_free_adamw,schedule_free_sgd,ademamix,adamw_cwd")
+                                            "schedule_free_adamw,schedule_free_sgd,ademamix,adamw_cwd,prodigy")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -106,8 +106,8 @@ class Prodigy(torch.optim.Optimizer):
             if group["lr"] > 0:  # prodigyopt moves no sum or moment of a group whose lr is 0
                 dot = torch.dot(grad.flatten(), (_work(state["p0"]) - pw).flatten()).to(torch.float64)
                 numerator += (d / d0) * dlr * dot
-                s = _work(state["s"]) * b3 + grad * rate.to(grad.dtype)
-                denominator += s.abs().sum().to(torch.float64)
+                s = torch.mul(_work(state["s"]), b3).addcmul_(grad, rate.to(grad.dtype))
+                denominator += torch.linalg.vector_norm(s, 1).to(torch.float64)  # Σ|s|, no temporary
             work.append((group, p, pw, state, grad, s))
         go = denominator != 0  # prodigyopt returns early, changing nothing, when Σ|s| = 0
         numerator = b3 * sh["d_numerator"] + numerator
@@ -119,22 +119,31 @@ class Prodigy(torch.optim.Optimizer):
         shared = {key: torch.where(go, value, sh[key]) for key, value in shared.items()}
         moved = torch.where(go, dlr, 0.0)  # the step size: 0 changes nothing
         one = torch.ones((), dtype=torch.float64, device=device)
+        scalars: dict[tuple, dict[str, torch.Tensor]] = {}  # per working dtype and group: not one set per tensor
         for group, p, pw, state, grad, s in work:
-            on, dt = go & (group["lr"] > 0), grad.dtype
+            key = (grad.dtype, group["eps"], group["weight_decay"])
+            if key not in scalars:
+                c = {"b1": torch.where(go, one * b1, one), "c1": torch.where(go, d * (1 - b1), 0.0),
+                     "b2": torch.where(go, one * b2, one), "c2": torch.where(go, d * d * (1 - b2), 0.0),
+                     "decay": -group["weight_decay"] * moved, "eps": shared["d"] * group["eps"], "step": -moved,
+                     "step_d": -moved * shared["d"]}
+                scalars[key] = {name: value.to(grad.dtype) for name, value in c.items()}
+            c = scalars[key]
             m, v = _work(state.get("exp_avg")), _work(state["exp_avg_sq"])
-            if s is not None:
-                state["s"].copy_(torch.where(go, s, _work(state["s"])))
+            if s is not None:  # the moments move (by 0 when prodigyopt would have returned early)
+                if s.dtype == state["s"].dtype:
+                    torch.where(go, s, state["s"], out=state["s"])
+                else:
+                    state["s"].copy_(torch.where(go, s, state["s"].float()))
                 if m is not None:
-                    m.mul_(torch.where(on, one * b1, one).to(dt)).add_(grad * torch.where(on, d * (1 - b1), 0.0).to(dt))
-                v.mul_(torch.where(on, one * b2, one).to(dt)).add_(grad * grad * torch.where(on, d * d * (1 - b2), 0.0).to(dt))
+                    m.mul_(c["b1"]).addcmul_(grad, c["c1"])
+                v.mul_(c["b2"]).addcmul_(grad, grad * c["c2"])
             state["step"] += go.to(state["step"].dtype)
             if group["decouple"] and group["weight_decay"] != 0:
-                pw.add_(pw * (-group["weight_decay"] * moved).to(dt))
-            denom = v.sqrt().add_((shared["d"] * group["eps"]).to(dt))
-            if m is not None:
-                pw.add_(m.div(denom).mul_((-moved).to(dt)))
-            else:
-                pw.add_(grad.div(denom).mul_((-moved * shared["d"]).to(dt)))
+                pw.addcmul_(pw, c["decay"])  # p + (−wd·dlr)·p, prodigyopt's add_(p, alpha=−wd·dlr)
+            denom = v.sqrt().add_(c["eps"])
+            torch.div(m if m is not None else grad, denom, out=denom)
+            pw.addcmul_(denom, c["step"] if m is not None else c["step_d"])  # β1 = 0: d·g with the new d
             for held, value in ((p, pw), (state.get("exp_avg"), m), (state["exp_avg_sq"], v)):
                 if held is not None and value is not held:  # half precision: rounded once per update
                     held.copy_(value)

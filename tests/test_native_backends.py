@@ -131,6 +131,11 @@ MAPPED = [
     ("optax-native", "optimizer/schedulefree-sgd-closed", "unsupported",
      "optimizer.r = 1.0: optax.contrib.schedule_free_sgd has no equivalent"),
     ("optax-native", "schedule/cyclic-triangular2-spots", "unsupported", "optax has no such schedule"),
+    ("optax-native", "optimizer/prodigyopt-prodigy-bias-corrected", "passed", ""),  # optax.contrib.prodigy
+    ("optax-native", "optimizer/prodigyopt-prodigy-groups", "unsupported",
+     "prodigy with several parameter groups: optax.contrib.prodigy inside multi_transform estimates one d per group"),
+    ("optax-native", "optimizer/prodigyopt-prodigy-beta1-zero", "unsupported",
+     "optimizer.growth_rate = 1.02: optax.contrib.prodigy (no cap on d's growth) has no equivalent"),
     ("optax-native", "schedule/tabulated-two-groups", "unsupported", "optax has no such schedule"),
     ("keras", "optimizer/ema-keras-adam", "passed", ""),  # use_ema=True, ema_momentum
     ("keras", "optimizer/keras-adam-eps-hat", "passed", ""),  # Keras's Adam is eps_hat

@@ -7,6 +7,7 @@ every backend)."""
 from __future__ import annotations
 
 import math
+import tomllib
 from unittest import mock
 
 import numpy as np
@@ -188,3 +189,17 @@ def test_the_code_writers_refuse_prodigy_naming_it(target: str) -> None:
     with pytest.raises(UnsupportedError, match=r"^to_code: prodigy is not written out for " + target):
         (torch_code if target == "torch" else optax_code)(config)
     assert "torch.optim.AdamW" in torch_code(load_config({"optimizer": {"name": "adamw"}}))  # control: others are
+
+
+def test_optax_native_exports_optax_s_one_d_under_the_neutral_names() -> None:
+    """optax.contrib.prodigy's estim_lr is d and, uncapped, d_max; its numerator and count are
+    d_numerator and k; the trajectory equals the oracle's on the bias-corrected case (PR-BC)."""
+    case = CASES["optimizer/prodigyopt-prodigy-bias-corrected"]
+    assert run_case(case, Backend("optax-native")).passed
+    inputs = tomllib.loads(case.path.read_text())["inputs"]
+    runs = run_all(case.sections["optimizer"], inputs["params"], None, backends=("optax-native", "oracle"),
+                   objective=inputs["objective"], steps=3)
+    for got, ref in zip(runs["optax-native"]["state"], runs["oracle"]["state"]):
+        assert set(got["w"]) == set(ref["w"])
+        for key in ("d", "d_max", "d_numerator", "k"):
+            assert float(got["w"][key]) == pytest.approx(float(ref["w"][key]), rel=1e-12, abs=1e-300), key

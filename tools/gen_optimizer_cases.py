@@ -301,6 +301,10 @@ def bundled() -> list[dict[str, Any]]:
     add("prodigyopt-prodigy-beta1-zero", {"name": "prodigy", "betas": [0.0, 0.99], "d0": 0.001, "growth_rate": 1.02},
         "objective", n=8, shapes={"w": (2, 3), "b": (3,)}, **pr,
         note="beta1 = 0: no exp_avg, the step d·lr·d·g/(sqrt(v) + d·eps) with the new d (prodigyopt 1.1.2's path)")
+    add("prodigyopt-prodigy-bias-corrected", {"name": "prodigy", "lr": 0.8, "use_bias_correction": True,
+                                              "safeguard_warmup": True, "weight_decay": 0.05, "d0": 0.001},
+        "objective", n=8, shapes={"w": (2, 3), "b": (3,)}, **pr,
+        note="what optax.contrib.prodigy computes too: bias-corrected, uncapped, one group, every gradient present")
     for c in cases:
         c.pop("path")
         if c["reference"] == "heavyball":

@@ -12,7 +12,8 @@ weight_decay_rate=lr·weight_decay); muon → optax.contrib.muon with its own Ad
 maximize → scale(-1) first; schedule_free_adamw / schedule_free_sgd →
 optax.contrib.schedule_free_adamw / schedule_free_sgd (its params are the y point; no `r`); ademamix →
 optax.contrib.ademamix with apple/ml-ademamix's warm-ups as b3 / alpha functions of count + 1
-(optax reads them before its increment). optax
+(optax reads them before its increment); prodigy → optax.contrib.prodigy (one group, no growth_rate;
+always bias-corrected: PR-BC; decouple = false as add_decayed_weights in front). optax
 has no `eps_hat` (its eps is torch's placement) and no `momentum_decay`: other values than torch's
 are unsupported. [schedule.hyper] is optax.inject_hyperparams around sgd / adam / adamw with the
 keys' schedules as momentum, b1, b2 and weight_decay. Parameter groups are optax.multi_transform over the groups of
@@ -26,6 +27,7 @@ nu → v, ...) with `step` = optax's count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -109,6 +111,12 @@ def transform(name: str, hp: Mapping[str, Any], lr: LR) -> optax.GradientTransfo
     elif name == "ademamix":
         b3, alpha = _ademamix_warmups(hp)
         core = optax.contrib.ademamix(lr, b1, b2, b3, alpha, eps, weight_decay=wd)
+    elif name == "prodigy":  # always bias-corrected (PR-BC); prodigyopt's L2 decay is add_decayed_weights in front
+        _refuse_extra(hp, "growth_rate", math.inf, "optax.contrib.prodigy (no cap on d's growth)")
+        core = optax.contrib.prodigy(lr, (b1, b2), hp["beta3"], eps, estim_lr0=hp["d0"], estim_lr_coef=hp["d_coef"],
+                                     weight_decay=wd if hp["decouple"] else 0.0,
+                                     safeguard_warmup=hp["safeguard_warmup"])
+        coupled = 0.0 if hp["decouple"] else wd
     else:
         raise refuse(f"optimizer.name = {name!r}", "no optax alias is mapped")
     return _maximize(hp, optax.chain(optax.add_decayed_weights(coupled), core) if coupled else core)
@@ -216,6 +224,9 @@ def build(spec: OptimizerSpec, groups: Sequence[ParamGroup], lrs: Sequence[LR] |
             transform(g.optimizer, g.hyperparams, lrs[i])
 
     used = [(i, g) for i, g in enumerate(groups) if g.names]
+    if spec.name == "prodigy" and len(used) > 1:
+        raise refuse("prodigy with several parameter groups", "optax.contrib.prodigy inside multi_transform "
+                                                               "estimates one d per group, prodigyopt one for all")
     if len(used) == 1:
         return of(*used[0])
     labels = {n: g.label for g in groups for n in g.names}

@@ -29,6 +29,7 @@ def field_names(optimizer: str, amsgrad_variant: str = "torch") -> dict[str, dic
         "ScaleByRssState": {"sum_of_squares": "sum"},
         "ScaleByLionState": {"mu": "m"},
         "ScaleByAdemamixState": {"m1": "m", "m2": "m_slow", "nu": "v"},
+        "ProdigyState": {"exp_avg": "m", "exp_avg_sq": "v", "grad_sum": "s", "params0": "p0"},
     }
 
 
@@ -57,6 +58,11 @@ def export(state: Any, names: Mapping[str, Mapping[str, str]], params: list[str]
         if type(node).__name__ == "ScheduleFreeState":  # its averaging weights, one pair for the tree
             for param in node.z:
                 out.setdefault(param, {}).update(weight_sum=to_numpy(node.weight_sum), lr_max=to_numpy(node.max_lr))
+        if type(node).__name__ == "ProdigyState":  # one d for the tree; uncapped, prodigyopt's d is its d_max
+            shared = {"d": to_numpy(node.estim_lr), "d_max": to_numpy(node.estim_lr),
+                      "d_numerator": to_numpy(node.numerator_weighted), "k": np.asarray(float(node.count))}
+            for param in node.exp_avg:
+                out.setdefault(param, {}).update(shared)
         for field, neutral in names.get(type(node).__name__, {}).items():
             for param, value in getattr(node, field).items():
                 if isinstance(value, jax.Array):
@@ -82,6 +88,10 @@ def load(state: Any, names: Mapping[str, Mapping[str, str]], neutral: Mapping[st
             repl["count"] = jnp.asarray(step, node.count.dtype)
             if "count_m2" in node._fields:  # optax.contrib.ademamix's count of its b3/alpha schedules
                 repl["count_m2"] = jnp.asarray(step, node.count_m2.dtype)
+        if type(node).__name__ == "ProdigyState" and neutral:  # its shared d and numerator, from any entry
+            entry = next(iter(neutral.values()))
+            repl.update(estim_lr=jnp.asarray(float(entry["d"]), node.estim_lr.dtype),
+                        numerator_weighted=jnp.asarray(float(entry["d_numerator"]), node.numerator_weighted.dtype))
         for field, name in names.get(type(node).__name__, {}).items():
             tree = dict(getattr(node, field))
             for param, entries in neutral.items():
