@@ -67,6 +67,9 @@ OPTIMIZERS = {
     "schedule-free-sgd": {"name": "schedule_free_sgd", "lr": 0.1, "warmup_steps": 2, "weight_lr_power": 1.0},
     "lion-cautious": {"name": "lion", "lr": 0.01, "weight_decay": 0.1, "cautious": True, "maximize": True},
     "ademamix": {"name": "ademamix", "lr": 0.01, "alpha": 5.0, "beta3": 0.999, "weight_decay": 0.1},
+    "prodigy": {"name": "prodigy", "d0": 1e-3, "weight_decay": 0.1, "use_bias_correction": True, "growth_rate": 1.5},
+    "prodigy-l2-beta1-zero": {"name": "prodigy", "d0": 1e-3, "betas": [0.0, 0.99], "weight_decay": 0.1,
+                              "decouple": False, "safeguard_warmup": True, "d_coef": 2.0},
     "ademamix-warmups": {"name": "ademamix", "lr": 0.01, "alpha": 5.0, "alpha_warmup": 3, "beta3_warmup": 4,
                          "groups": [{"params": ["*.bias"], "alpha": 1.0, "beta3_warmup": 2}]},
 }
@@ -129,7 +132,8 @@ PATHS = {  # clip, accumulation, precision
 
 def _config(optimizer: dict, schedule: dict = STEP, clip: dict | None = None, acc: dict | None = None,
             precision: dict = F64, no_decay: bool = False) -> Config:
-    opt = {**optimizer, "groups": GROUP} if optimizer["name"] != "muon" else dict(optimizer)
+    # muon routes by shape; prodigy's optax snippet is one group (one d spans them all: tests/test_prodigy.py)
+    opt = {**optimizer, "groups": GROUP} if optimizer["name"] not in ("muon", "prodigy") else dict(optimizer)
     if no_decay:
         opt["no_weight_decay"] = ["head.*"]
     return load_config({"optimizer": opt, "schedule": schedule, "clip": clip or {}, "accumulation": acc or {},

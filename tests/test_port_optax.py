@@ -103,6 +103,14 @@ DESCRIPTIONS = {
                                           {"scale_by_ademamix": {"b1": 0.8, "b3": 0.95}},
                                           {"add_decayed_weights": {"weight_decay": 0.05}},
                                           {"scale_by_learning_rate": {"learning_rate": WARMUP_COSINE}}]},
+    "prodigy": {"prodigy": {"learning_rate": 0.5, "estim_lr0": 1e-3, "weight_decay": 0.1}},
+    # a warm-up from 0.01: at lr 0 optax.contrib.prodigy divides 0 by 0 where prodigyopt returns early (PR-BC)
+    "prodigy-l2-clip-schedule": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}},
+                                           {"add_decayed_weights": {"weight_decay": 0.1}},
+                                           {"prodigy": {"learning_rate": {"warmup_cosine_decay_schedule": {
+                                               **WARMUP_COSINE["warmup_cosine_decay_schedule"], "init_value": 0.01,
+                                               "peak_value": 1.0}}, "betas": [0.8, 0.99],
+                                                        "beta3": 0.9, "estim_lr0": 1e-3, "safeguard_warmup": True}}]},
     "inject-hyperparams-adamw": {"chain": [{"clip_by_global_norm": {"max_norm": 1.0}}, {"inject_hyperparams": {
         "adamw": {"learning_rate": WARMUP_COSINE, "b1": 0.85, "weight_decay": 0.01}, "static_args": ["b2"]}}]},
     "clip-value-then-norm": {"chain": [{"clip": {"max_delta": 0.3}}, {"clip_by_global_norm": {"max_norm": 0.5}},

@@ -21,6 +21,7 @@ from conformance.harness.case import load_cases
 from conformance.harness.runner import run_case
 from conformance.oracle import optimizers as oracle
 from conformance.oracle import prodigy
+from conformance.rules.groups import resolve_groups
 from conformance.rules.schedules import check_schedule
 from support.optimizers import run_all, spec_of, worst
 
@@ -177,18 +178,22 @@ def test_mutant_is_caught(mutant: str) -> None:
         assert not run_case(case, backend).passed, f"{mutant}: {case.id} did not catch it"
 
 
-@pytest.mark.parametrize("target", ["torch", "optax"])
-def test_the_code_writers_refuse_prodigy_naming_it(target: str) -> None:
-    """Not written out yet: a one-line refusal that names prodigy and what to use, never another
-    optimizer's code (the optax writer once fell through to a bare lr scale)."""
+def test_the_torch_snippet_carries_the_twin_s_prodigy_with_its_groups() -> None:
+    """port --to torch writes ref_torch's Prodigy out (groups whose lr is 0, biases without decay)
+    and equals the torch backend; the optax snippet is prodigyopt's mathematics in one transform
+    and refuses several groups, naming them (tests/test_port_code.py checks one group on both)."""
     from conformance.errors import UnsupportedError
+    from conformance.port.verify.traces import self_check
     from conformance.port.write.optax_code import optax_code
     from conformance.port.write.torch_code import torch_code
 
-    config = load_config({"optimizer": {"name": "prodigy"}})
-    with pytest.raises(UnsupportedError, match=r"^to_code: prodigy is not written out for " + target):
-        (torch_code if target == "torch" else optax_code)(config)
-    assert "torch.optim.AdamW" in torch_code(load_config({"optimizer": {"name": "adamw"}}))  # control: others are
+    config = load_config({"optimizer": {"name": "prodigy", "d0": 1e-3, "weight_decay": 0.1, "no_weight_decay": ["*.b"],
+                                        "groups": [{"params": ["head.*"], "lr": 0.0, "eps": 1e-6}]}})
+    err, failure, updates = self_check(config, "torch", torch_code)
+    assert failure is None and err == 0.0 and updates == 8
+    assert "class Prodigy(torch.optim.Optimizer)" in torch_code(config)
+    with pytest.raises(UnsupportedError, match=r"^to_code: prodigy with several parameter groups"):
+        optax_code(config)
 
 
 def test_optax_native_exports_optax_s_one_d_under_the_neutral_names() -> None:
@@ -203,3 +208,24 @@ def test_optax_native_exports_optax_s_one_d_under_the_neutral_names() -> None:
         assert set(got["w"]) == set(ref["w"])
         for key in ("d", "d_max", "d_numerator", "k"):
             assert float(got["w"][key]) == pytest.approx(float(ref["w"][key]), rel=1e-12, abs=1e-300), key
+
+
+def test_optax_contrib_prodigy_is_nan_at_lr_0_where_prodigyopt_returns_early() -> None:
+    """PR-BC: an lr of 0 at the first update (a warm-up from 0) leaves prodigyopt's parameters and
+    state as they were (Σ|s| = 0: its early return), the oracle's too; optax.contrib.prodigy divides
+    0 by 0 and carries NaN ever after. Control: at lr 0.5 optax's first update is finite."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    spec = spec_of({"name": "prodigy", "d0": 1e-3, "use_bias_correction": True})
+    params, grads = {"w": np.array([1.0, -2.0])}, [{"w": np.array([0.3, -0.1])}] * 2
+    hp = [dict(g.hyperparams) for g in resolve_groups(spec, {"w": (2,)})]
+    p, st = prodigy.update_all([{**h, "lr": 0.0} for h in hp], {"w": 0}, params, grads[0], {})
+    assert st == {} and np.array_equal(p["w"], params["w"])
+    with jax.enable_x64(True):
+        for lr, finite in ((lambda c: jnp.where(c == 0, 0.0, 0.5), False), (0.5, True)):
+            tx = optax.contrib.prodigy(learning_rate=lr, estim_lr0=1e-3)
+            u, _ = tx.update({"w": jnp.asarray(grads[0]["w"])}, tx.init({"w": jnp.asarray(params["w"])}),
+                             {"w": jnp.asarray(params["w"])})
+            assert bool(jnp.all(jnp.isfinite(u["w"]))) is finite

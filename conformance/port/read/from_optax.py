@@ -11,7 +11,9 @@ The building blocks (optax_desc) must read, in order:
     [clip] [clip_by_global_norm]      the updates clipped (clip.target = "updates"; not both sides)
 
 or optax.contrib's schedule_free_adamw / schedule_free_sgd alone (after clipping), without a
-warm-up (optax evaluates it one count ahead of schedulefree: SF-OPTAX; no spec field says so).
+warm-up (optax evaluates it one count ahead of schedulefree: SF-OPTAX; no spec field says so),
+or optax.contrib's prodigy (after clipping and a coupled add_decayed_weights: prodigyopt's
+decouple = false), always bias-corrected and uncapped as optax's is (PR-BC).
 
 and become the spec with optax's semantics kept (eps_in_sqrt, eps_root, amsgrad_variant,
 momentum_schedule = false, clip eps = 0, optax's defaults). Anything else is refused with
@@ -182,6 +184,22 @@ def _schedule_free(b: Block, clip: dict[str, Any]) -> tuple[dict[str, Any], dict
     return fields, clip, a["learning_rate"], f"{b.where}.learning_rate"
 
 
+def _prodigy(b: Block, clip: dict[str, Any], coupled: float | None) -> tuple[dict[str, Any], dict[str, Any], Any, str]:
+    a = b.args
+    if coupled is not None and a["weight_decay"]:
+        raise UnsupportedError("the chain adds weight decay both before and inside optax.contrib.prodigy; twinstep "
+                               "has one")
+    betas = [float(x) for x in a["betas"]]
+    fields: dict[str, Any] = {"name": "prodigy", "betas": betas, "eps": a["eps"], "d0": a["estim_lr0"],
+                              "d_coef": a["estim_lr_coef"], "safeguard_warmup": a["safeguard_warmup"],
+                              "use_bias_correction": True,  # optax always bias-corrects (PR-BC)
+                              "weight_decay": float(coupled if coupled is not None else a["weight_decay"]),
+                              "decouple": coupled is None}
+    if a["beta3"] is not None:  # None: √β2, the spec's default too
+        fields["beta3"] = a["beta3"]
+    return fields, clip, a["learning_rate"], f"{b.where}.learning_rate"
+
+
 def _update_clip(bs: list[Block], i: int, clip: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """optax.clip / clip_by_global_norm after the optimizer clip its updates: clip.target = "updates"
     (by value, by norm, or by value then by norm); (index after them, the clip table)."""
@@ -199,6 +217,11 @@ def _update_clip(bs: list[Block], i: int, clip: dict[str, Any]) -> tuple[int, di
 def optimizer(bs: list[Block]) -> tuple[dict[str, Any], dict[str, Any], Any, str]:
     """(optimizer fields without lr, clip table, learning-rate description, its where) of the blocks."""
     i, clip, coupled, maximize = _gradient_side(bs)
+    if i < len(bs) and bs[i].name == "prodigy":
+        if maximize or i + 1 != len(bs):
+            raise UnsupportedError(f"{bs[i].where}: optax.contrib.prodigy is read alone (after clipping and a "
+                                   f"coupled weight decay only)")
+        return _prodigy(bs[i], clip, coupled)
     if i < len(bs) and bs[i].name.startswith("schedule_free_"):
         if maximize or coupled is not None or i + 1 != len(bs):
             raise UnsupportedError(f"{bs[i].where}: optax.contrib.{bs[i].name} is read alone (after clipping only)")

@@ -65,6 +65,8 @@ TRANSFORMS: dict[str, dict[str, Any]] = {
                  "mu_dtype": None, "weight_decay": 0.0, "mask": None},
     "scale_by_ademamix": {"b1": 0.9, "b2": 0.999, "b3": 0.9999, "alpha": 6.0, "eps": 1e-8, "eps_root": 0.0,
                           "mu_dtype": None},
+    "prodigy": {"learning_rate": 1.0, "betas": (0.9, 0.999), "beta3": None, "eps": 1e-8, "estim_lr0": 1e-6,
+                "estim_lr_coef": 1.0, "weight_decay": 0.0, "safeguard_warmup": False},
     "MultiSteps": {"opt": REQUIRED, "every_k_schedule": REQUIRED, "use_grad_mean": True,
                    "should_skip_update_fn": None, "accumulator_dtype": "float32"},
 }

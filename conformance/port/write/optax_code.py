@@ -48,8 +48,12 @@ def _group_chain(entry: dict[str, Any], i: int, cycled: str | None, need: list[s
     if name in ("schedule_free_adamw", "schedule_free_sgd"):
         return _schedule_free(name, hp, i, cycled, use)
     if name == "prodigy":
-        raise UnsupportedError("to_code: prodigy is not written out for optax yet (optax.contrib.prodigy always "
-                               "bias-corrects and has no growth_rate); use twinstep's JAX backend (ref_jax) for it")
+        use(parts.PRODIGY)
+        return (f"prodigyopt_prodigy({lr}, betas=({lit(hp['betas'][0])}, {lit(hp['betas'][1])}), "
+                f"beta3={lit(hp['beta3'])}, eps={lit(hp['eps'])}, weight_decay={lit(hp['weight_decay'])},\n"
+                f"            decouple={hp['decouple']}, use_bias_correction={hp['use_bias_correction']}, "
+                f"safeguard_warmup={hp['safeguard_warmup']}, d0={lit(hp['d0'])}, d_coef={lit(hp['d_coef'])}, "
+                f"growth_rate={lit(hp['growth_rate'])})")
     if hp.get("eps_hat") and (name not in ("adam", "adamw") or (hp["amsgrad"] and hp["amsgrad_variant"] != "torch")):
         raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) is not written out for optax; "
                                f"use twinstep's JAX backend (ref_jax) for it")
@@ -189,6 +193,9 @@ def _clip(config: Config, need: list[str]) -> str | None:
 def tx_code(config: Config, need: list[str]) -> str:
     """LR_SCHEDULES, the make_tx factory and TX."""
     entries = layout(config)
+    if config.optimizer.name == "prodigy" and len(entries) > 1:
+        raise UnsupportedError("to_code: prodigy with several parameter groups (groups or no_weight_decay) is not "
+                               "written out for optax: one d spans every group; use twinstep's JAX backend (ref_jax)")
     cycled = cycled_hyperparameter(config.schedule, config.optimizer)
     used: set[str] = set()
     bases = start_lrs(config.schedule, group_base_lrs(config.optimizer))

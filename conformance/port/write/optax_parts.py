@@ -1,7 +1,8 @@
 """Source text of the custom optax transforms a snippet writes out where optax's own math differs
 from the spec (torch's semantics): SGD dampening, torch's AMSGrad, Keras's eps_hat, Adagrad with
 eps outside the root, NAdam's momentum schedule, RAdam, Adafactor, Muon, clip_grad_norm_'s eps,
-the schedule-free warm-up, AdEMAMix's warm-ups, cautious updates and cautious weight decay."""
+the schedule-free warm-up, AdEMAMix's warm-ups, cautious updates and cautious weight decay, and
+prodigyopt's Prodigy."""
 
 from __future__ import annotations
 
@@ -282,4 +283,48 @@ def total_norm(leaves, p):
             return jnp.max(a)
         return jnp.sqrt(jnp.sum(a * a)) if p == 2 else (jnp.sum(a) if p == 1 else jnp.sum(a ** p) ** (1.0 / p))
     return one(jnp.stack([one(x) for x in leaves])) if leaves else jnp.zeros(())
+'''
+
+PRODIGY = '''
+def prodigyopt_prodigy(learning_rate, betas, beta3, eps, weight_decay, decouple, use_bias_correction,
+                       safeguard_warmup, d0, d_coef, growth_rate):
+    """prodigyopt 1.1.2's Prodigy over the whole tree (optax.contrib.prodigy always bias-corrects
+    and has no growth_rate): one d for every parameter, capped by d_max and growth_rate; no update
+    at all while every gradient sum s is zero (prodigyopt's early return); beta1 = 0 steps d·g with
+    the new d, as prodigyopt does."""
+    b1, b2 = betas
+    leaves = jax.tree.leaves
+    def init(params):
+        zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+        scalar = lambda x: jnp.asarray(x, jnp.result_type(float))
+        return {"m": zeros(), "v": zeros(), "s": zeros(), "p0": jax.tree.map(jnp.array, params),
+                "d": scalar(d0), "d_max": scalar(d0), "num": scalar(0.0), "k": scalar(0.0)}
+    def update(g, st, params):
+        d, k = st["d"], st["k"]
+        if not decouple:  # prodigyopt's L2 decay: into the gradient, the sums included
+            g = jax.tree.map(lambda x, p: x + weight_decay * p, g, params)
+        bc = jnp.sqrt(1 - b2 ** (k + 1)) / (1 - b1 ** (k + 1)) if use_bias_correction else 1.0
+        dlr = d * learning_rate * bc
+        p0 = jax.tree.map(lambda a, p: jnp.where(k == 0, p, a), st["p0"], params)  # the start, at the first update
+        dot = sum(jnp.vdot(x, a - p) for x, a, p in zip(leaves(g), leaves(p0), leaves(params)))
+        num = beta3 * st["num"] + (d / d0) * dlr * dot
+        m = jax.tree.map(lambda a, x: b1 * a + d * (1 - b1) * x, st["m"], g)
+        v = jax.tree.map(lambda a, x: b2 * a + d * d * (1 - b2) * x * x, st["v"], g)
+        rate = (d / d0) * (d if safeguard_warmup else dlr)
+        s = jax.tree.map(lambda a, x: beta3 * a + rate * x, st["s"], g)
+        den = sum(jnp.sum(jnp.abs(x)) for x in leaves(s))
+        go = den != 0
+        d_hat = d_coef * num / jnp.where(go, den, 1.0)
+        d_max = jnp.maximum(st["d_max"], d_hat)
+        new_d = jnp.minimum(d_max, jnp.where(d == d0, jnp.maximum(d, d_hat), d) * growth_rate)
+        def step(p, m, v, x):
+            q = p + (-weight_decay * dlr) * p if decouple else p
+            u = m if b1 > 0 else new_d * x
+            return jnp.where(go, q - dlr * u / (jnp.sqrt(v) + new_d * eps) - p, 0.0)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(go, a, b), new, old)
+        return jax.tree.map(step, params, m, v, g), {
+            "m": keep(m, st["m"]), "v": keep(v, st["v"]), "s": keep(s, st["s"]), "p0": p0,
+            "d": jnp.where(go, new_d, d), "d_max": jnp.where(go, d_max, st["d_max"]),
+            "num": jnp.where(go, num, st["num"]), "k": k + go}
+    return optax.GradientTransformation(init, update)
 '''

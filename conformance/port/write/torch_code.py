@@ -23,7 +23,7 @@ CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch
            "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad", "adamax": "torch.optim.Adamax",
            "nadam": "torch.optim.NAdam", "radam": "torch.optim.RAdam", "adafactor": "torch.optim.Adafactor",
            "muon": "torch.optim.Muon", "lion": "Lion", "schedule_free_adamw": "schedulefree.AdamWScheduleFree",
-           "schedule_free_sgd": "schedulefree.SGDScheduleFree", "ademamix": "AdEMAMix"}
+           "schedule_free_sgd": "schedulefree.SGDScheduleFree", "ademamix": "AdEMAMix", "prodigy": "Prodigy"}
 OWN = {"eps_root", "amsgrad_variant", "eps_in_sqrt", "momentum_schedule", "ns_dtype", "eps_hat",
        "decoupled_weight_decay"}  # twinstep-only fields (or not torch's for every class)
 NATIVE_DECOUPLED = ("adam", "nadam", "radam")  # torch classes that take decoupled_weight_decay
@@ -39,9 +39,6 @@ def _class_for(name: str, groups: list[dict[str, Any]]) -> str:
     none for the spec's semantics (the choice ref_torch._assembly.optimizer_class makes)."""
     if name == "lion":
         return "Lion"
-    if name == "prodigy":
-        raise UnsupportedError("to_code: prodigy is not written out for torch yet; use the twinstep torch backend "
-                               "(ref_torch) or prodigyopt.Prodigy, whose semantics the spec's prodigy follows")
     if name in ("adamax", "nadam") and any(g["eps_hat"] for g in groups):
         raise UnsupportedError(f"to_code: {name} with eps_hat (Keras's eps placement) has no torch.optim class and "
                                f"is not written out; use the twinstep torch backend (ref_torch) for it")
