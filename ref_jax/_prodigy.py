@@ -78,13 +78,14 @@ def apply(grads: Mapping[str, Any], leaves: Mapping[str, ProdigyState], params: 
         active = has & (hp["lr"] > 0)  # prodigyopt moves no sum or moment of a group whose lr is 0
         p0 = jnp.where(leaf.step == 0, p, leaf.p0.astype(p.dtype))  # the parameter at its first update
         dot = jnp.vdot(g, p0 - p).astype(dt)
+        # the moments and sums move before prodigyopt's early return, so `go` does not gate them
         m = None if leaf.m is None else jnp.where(active, leaf.m * coef(b1, g) + coef(d * (1 - b1), g) * g, leaf.m)
         v = jnp.where(active, leaf.v * coef(b2, g) + (coef(d * d * (1 - b2), g) * g) * g, leaf.v)
         s = jnp.where(active, leaf.s * coef(b3, g) + coef(rate, g) * g, leaf.s)
         numerator = numerator + jnp.where(active, (d / d0) * dlr * dot, 0)
         denominator = denominator + jnp.where(active, jnp.sum(jnp.abs(s)).astype(dt), 0)
         work[name] = (g, p, p0, has, m, v, s)
-    go = denominator != 0  # prodigyopt returns early, changing nothing, when Σ|s| = 0
+    go = denominator != 0  # prodigyopt returns early when Σ|s| = 0: the moments have moved, nothing else
     numerator = b3 * sh["d_numerator"] + numerator
     d_hat = cfg["d_coef"] * numerator / jnp.where(go, denominator, 1)
     new_d = jnp.where(d == d0, jnp.maximum(d, d_hat), d)
@@ -106,7 +107,6 @@ def apply(grads: Mapping[str, Any], leaves: Mapping[str, ProdigyState], params: 
                 for key, value in shared.items()}
         out[name] = ProdigyState(
             jnp.where(moved, leaf.step + 1, leaf.step),
-            None if m is None else jnp.where(moved, m, leaf.m).astype(leaf.m.dtype),
-            jnp.where(moved, v, leaf.v).astype(leaf.v.dtype), jnp.where(moved, s, leaf.s).astype(leaf.s.dtype),
+            None if m is None else m.astype(leaf.m.dtype), v.astype(leaf.v.dtype), s.astype(leaf.s.dtype),
             jnp.where(moved, p0, leaf.p0).astype(leaf.p0.dtype), **keep)
     return updates, out

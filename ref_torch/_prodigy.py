@@ -7,7 +7,7 @@ equal, read from the first parameter that has been updated. Equations: conforman
 
 # torch: a torch.optim.Optimizer with prodigyopt's state names (exp_avg, exp_avg_sq, s, p0) whose
 # shared scalars are 0-d tensors beside the parameters: nothing is read back to the host inside an
-# update (prodigyopt reads two numbers per parameter), the early return (Σ|s| = 0) is a select.
+# update (prodigyopt reads two numbers per parameter), the early return (Σ|s| = 0) a step of 0.
 # The shared scalars are computed in float64, as prodigyopt's Python floats are.
 
 from __future__ import annotations
@@ -39,6 +39,21 @@ def shared_values(states: Any, cfg: Mapping[str, Any], place: Any) -> dict[str, 
         held = st["step"].to(place) > 0
         out = {key: torch.where(held, st[key].to(place, torch.float64), out[key]) for key in SHARED}
     return out
+
+
+def _total(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    # a float64 sum of 0-d tensors in one kernel (prodigyopt adds Python floats)
+    if not values:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack(values).to(torch.float64).sum()
+
+
+class _Scalars(dict):
+    # 0-d factors by (name, dtype), each computed once per update
+    def get(self, name: Any, dtype: torch.dtype, make: Any) -> torch.Tensor:  # type: ignore[override]
+        if (name, dtype) not in self:
+            self[name, dtype] = make().to(dtype)
+        return self[name, dtype]
 
 
 class Prodigy(torch.optim.Optimizer):
@@ -90,9 +105,8 @@ class Prodigy(torch.optim.Optimizer):
         bc = torch.sqrt(1 - b2 ** (k + 1)) / (1 - b1 ** (k + 1)) if first["use_bias_correction"] else 1.0
         dlr = d * lr * bc
         rate = (d / d0) * (d if first["safeguard_warmup"] else dlr)
-        numerator = torch.zeros((), dtype=torch.float64, device=device)
-        denominator = torch.zeros((), dtype=torch.float64, device=device)
-        work = []
+        scalars = _Scalars()  # each 0-d factor once per dtype, not once per tensor
+        dots, sums, work = [], [], []
         for group, p in items:
             state = self.state[p]
             if not state:
@@ -100,16 +114,21 @@ class Prodigy(torch.optim.Optimizer):
             for key in ("step", *SHARED):  # a loaded state may hold its scalars on the CPU
                 state[key] = state[key].to(p.device)
             pw, grad = _work(p), _work(p.grad)
+            m, v, s = _work(state.get("exp_avg")), _work(state["exp_avg_sq"]), _work(state["s"])
             if not group["decouple"] and group["weight_decay"] != 0:
                 grad = grad.add(pw, alpha=group["weight_decay"])
-            s = None
             if group["lr"] > 0:  # prodigyopt moves no sum or moment of a group whose lr is 0
-                dot = torch.dot(grad.flatten(), (_work(state["p0"]) - pw).flatten()).to(torch.float64)
-                numerator += (d / d0) * dlr * dot
-                s = torch.mul(_work(state["s"]), b3).addcmul_(grad, rate.to(grad.dtype))
-                denominator += torch.linalg.vector_norm(s, 1).to(torch.float64)  # Σ|s|, no temporary
-            work.append((group, p, pw, state, grad, s))
-        go = denominator != 0  # prodigyopt returns early, changing nothing, when Σ|s| = 0
+                dots.append(torch.dot(grad.flatten(), (_work(state["p0"]) - pw).flatten()))
+                dt = grad.dtype  # the moments and sums move before prodigyopt's early return: in place
+                if m is not None:
+                    m.mul_(b1).addcmul_(grad, scalars.get("c1", dt, lambda: d * (1 - b1)))
+                v.mul_(b2).addcmul_(grad, grad * scalars.get("c2", dt, lambda: d * d * (1 - b2)))
+                s.mul_(b3).addcmul_(grad, scalars.get("rate", dt, lambda: rate))
+                sums.append(torch.linalg.vector_norm(s, 1))  # Σ|s|, no temporary
+            work.append((group, p, pw, state, grad, m, v, s))
+        numerator = (d / d0) * dlr * _total(dots, device)
+        denominator = _total(sums, device)
+        go = denominator != 0  # prodigyopt returns early when Σ|s| = 0: the moments have moved, nothing else
         numerator = b3 * sh["d_numerator"] + numerator
         d_hat = first["d_coef"] * numerator / torch.where(go, denominator, 1.0)
         new_d = torch.where(d == d0, torch.maximum(d, d_hat), d)
@@ -118,38 +137,20 @@ class Prodigy(torch.optim.Optimizer):
         shared = {"d": new_d, "d_max": d_max, "d_numerator": numerator, "k": k + 1}
         shared = {key: torch.where(go, value, sh[key]) for key, value in shared.items()}
         moved = torch.where(go, dlr, 0.0)  # the step size: 0 changes nothing
-        one = torch.ones((), dtype=torch.float64, device=device)
-        scalars: dict[tuple, dict[str, torch.Tensor]] = {}  # per working dtype and group: not one set per tensor
-        for group, p, pw, state, grad, s in work:
-            key = (grad.dtype, group["eps"], group["weight_decay"])
-            if key not in scalars:
-                c = {"b1": torch.where(go, one * b1, one), "c1": torch.where(go, d * (1 - b1), 0.0),
-                     "b2": torch.where(go, one * b2, one), "c2": torch.where(go, d * d * (1 - b2), 0.0),
-                     "decay": -group["weight_decay"] * moved, "eps": shared["d"] * group["eps"], "step": -moved,
-                     "step_d": -moved * shared["d"]}
-                scalars[key] = {name: value.to(grad.dtype) for name, value in c.items()}
-            c = scalars[key]
-            m, v = _work(state.get("exp_avg")), _work(state["exp_avg_sq"])
-            if s is not None:  # the moments move (by 0 when prodigyopt would have returned early)
-                if s.dtype == state["s"].dtype:
-                    torch.where(go, s, state["s"], out=state["s"])
-                else:
-                    state["s"].copy_(torch.where(go, s, state["s"].float()))
-                if m is not None:
-                    m.mul_(c["b1"]).addcmul_(grad, c["c1"])
-                v.mul_(c["b2"]).addcmul_(grad, grad * c["c2"])
-            state["step"] += go.to(state["step"].dtype)
-            if group["decouple"] and group["weight_decay"] != 0:
-                pw.addcmul_(pw, c["decay"])  # p + (−wd·dlr)·p, prodigyopt's add_(p, alpha=−wd·dlr)
-            denom = v.sqrt().add_(c["eps"])
-            torch.div(m if m is not None else grad, denom, out=denom)
-            pw.addcmul_(denom, c["step"] if m is not None else c["step_d"])  # β1 = 0: d·g with the new d
-            for held, value in ((p, pw), (state.get("exp_avg"), m), (state["exp_avg_sq"], v)):
+        # p + m/(denom/(−dlr)): addcdiv without a Python number (dlr = 0: m/∞ = 0, p stays); β1 = 0: d·g, new d
+        for group, p, pw, state, grad, m, v, s in work:
+            dt, wd, eps = grad.dtype, group["weight_decay"], group["eps"]
+            state["step"] += scalars.get("go", state["step"].dtype, lambda: go)
+            if group["decouple"] and wd != 0:  # p + (−wd·dlr)·p, prodigyopt's add_(p, alpha=−wd·dlr)
+                pw.addcmul_(pw, scalars.get(("decay", wd), dt, lambda: -wd * moved))
+            denom = v.sqrt().add_(scalars.get(("eps", eps), dt, lambda: shared["d"] * eps))
+            step = scalars.get(("step", m is None), dt, lambda: -moved if m is not None else -moved * shared["d"])
+            pw.addcdiv_(m if m is not None else grad, denom.div_(step))
+            for held, value in ((p, pw), (state.get("exp_avg"), m), (state["exp_avg_sq"], v), (state["s"], s)):
                 if held is not None and value is not held:  # half precision: rounded once per update
                     held.copy_(value)
         for st in (self.state[p] for g in self.param_groups for p in g["params"] if self.state.get(p)):
-            for key, value in shared.items():
-                st[key].copy_(value)
+            st.update({key: scalars.get(key, st[key].dtype, lambda: value) for key, value in shared.items()})
         return loss
 
 

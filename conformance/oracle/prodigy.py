@@ -11,7 +11,7 @@ use_bias_correction (else 1) and dlr = d·lr·c:
         m ← β1·m + d·(1−β1)·g;   v ← β2·v + d²·(1−β2)·g²
         s ← β3·s + (d/d0)·w·g,   w = d with safeguard_warmup, else dlr
     N ← β3·N + r;   D = Σ |s|  (every element of every such parameter)
-    D = 0: nothing changes (prodigyopt returns early; k stays)
+    D = 0: prodigyopt returns early: m, v and s have moved, nothing else (parameters, steps, k, d, N)
     d̂ = d_coef·N/D;   d ← max(d, d̂) while d = d0;   d_max ← max(d_max, d̂);   d ← min(d_max, d·growth_rate)
     for every parameter with a gradient, with the new d and the old dlr:
         p ← p − wd·dlr·p (decoupled decay);   p ← p − dlr·m/(√v + d·ε);   its step ← step + 1
@@ -73,9 +73,8 @@ def update_all(hps: Sequence[Mapping[str, Any]], owner: Mapping[str, int], param
             st["s"] = b3 * st["s"] + (d / d0) * (d if hp0["safeguard_warmup"] else dlr) * g
             denominator += float(np.sum(np.abs(st["s"])))
         used[name] = (st, g)
-    if denominator == 0:
-        return dict(params), {name: {key: np.array(v, copy=True) for key, v in st.items()}
-                              for name, st in states.items()}
+    if denominator == 0:  # the moments and sums have moved (every s is 0 now); a fresh state holds only zeros
+        return dict(params), {**new, **{name: st for name, (st, _) in used.items() if name in states}}
     numerator += b3 * shared["d_numerator"]
     d_hat = hp0["d_coef"] * numerator / denominator
     if d == d0:
