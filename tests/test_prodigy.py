@@ -229,3 +229,35 @@ def test_optax_contrib_prodigy_is_nan_at_lr_0_where_prodigyopt_returns_early() -
             u, _ = tx.update({"w": jnp.asarray(grads[0]["w"])}, tx.init({"w": jnp.asarray(params["w"])}),
                              {"w": jnp.asarray(params["w"])})
             assert bool(jnp.all(jnp.isfinite(u["w"]))) is finite
+
+
+def test_the_optax_snippet_s_transform_is_the_oracle_s_through_an_early_return() -> None:
+    """port --to optax's prodigyopt_prodigy on a stream whose first update has only zero gradients
+    (prodigyopt's early return) and then β1 = 0: the oracle's parameters within 1e-12 absolute, on
+    values up to 1.7 (measured 2.2e-16: a few roundings per update), and its d."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from conformance.port.write import optax_parts
+
+    space: dict = {"jax": jax, "jnp": jnp, "optax": optax}
+    exec(optax_parts.PRODIGY, space)  # noqa: S102  the snippet's own source
+    table = {"name": "prodigy", "betas": [0.0, 0.99], "d0": 1e-3, "weight_decay": 0.1, "growth_rate": 1.5}
+    rng = np.random.default_rng(5)
+    params = {k: rng.standard_normal(s) for k, s in SHAPES.items()}
+    grads = [{k: np.zeros(s) for k, s in SHAPES.items()}] + [
+        {k: 1.0 + 0.5 * rng.standard_normal(s) for k, s in SHAPES.items()} for _ in range(5)]
+    want = oracle.run_trajectory(spec_of(table), params, grads)
+    with jax.enable_x64(True):
+        tx = space["prodigyopt_prodigy"](1.0, (0.0, 0.99), math.sqrt(0.99), 1e-8, 0.1, True, False, False, 1e-3,
+                                         1.0, 1.5)
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        st = tx.init(p)
+        for t, g in enumerate(grads):
+            u, st = tx.update({k: jnp.asarray(v) for k, v in g.items()}, st, p)
+            p = optax.apply_updates(p, u)
+            for k in SHAPES:
+                np.testing.assert_allclose(np.asarray(p[k]), want["params"][t][k], rtol=0, atol=1e-12)
+        assert float(st["d"]) == pytest.approx(float(want["state"][-1]["enc.weight"]["d"]), rel=1e-12)
+        assert float(st["k"]) == 5.0 and float(st["d"]) > 1e-3

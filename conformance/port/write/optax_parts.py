@@ -289,9 +289,9 @@ PRODIGY = '''
 def prodigyopt_prodigy(learning_rate, betas, beta3, eps, weight_decay, decouple, use_bias_correction,
                        safeguard_warmup, d0, d_coef, growth_rate):
     """prodigyopt 1.1.2's Prodigy over the whole tree (optax.contrib.prodigy always bias-corrects
-    and has no growth_rate): one d for every parameter, capped by d_max and growth_rate; no update
-    at all while every gradient sum s is zero (prodigyopt's early return); beta1 = 0 steps d·g with
-    the new d, as prodigyopt does."""
+    and has no growth_rate): one d for every parameter, capped by d_max and growth_rate; while every
+    gradient sum s is zero only the moments move (prodigyopt's early return); beta1 = 0 steps d·g
+    with the new d, as prodigyopt does."""
     b1, b2 = betas
     leaves = jax.tree.leaves
     def init(params):
@@ -321,9 +321,8 @@ def prodigyopt_prodigy(learning_rate, betas, beta3, eps, weight_decay, decouple,
             q = p + (-weight_decay * dlr) * p if decouple else p
             u = m if b1 > 0 else new_d * x
             return jnp.where(go, q - dlr * u / (jnp.sqrt(v) + new_d * eps) - p, 0.0)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(go, a, b), new, old)
         return jax.tree.map(step, params, m, v, g), {
-            "m": keep(m, st["m"]), "v": keep(v, st["v"]), "s": keep(s, st["s"]), "p0": p0,
+            "m": m, "v": v, "s": s, "p0": p0,
             "d": jnp.where(go, new_d, d), "d_max": jnp.where(go, d_max, st["d_max"]),
             "num": jnp.where(go, num, st["num"]), "k": k + go}
     return optax.GradientTransformation(init, update)
