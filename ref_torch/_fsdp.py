@@ -36,10 +36,12 @@ from ref_torch.models import GPT, MLP, LinearModel
 
 
 def check(config: Config) -> None:
-    """What FSDP here does not support, as ConfigError before anything runs (nothing at present:
-    clip.per_parameter reduces each parameter's shard norms over the ranks, run.compile compiles
-    the sharded module's forward)."""
-    del config
+    """What FSDP here does not support, as ConfigError before anything runs: Prodigy, whose d sums
+    over every parameter while a rank holds only its shards (clip.per_parameter reduces each
+    parameter's shard norms over the ranks, run.compile compiles the sharded module's forward)."""
+    if config.optimizer.name == "prodigy":
+        raise ConfigError("optimizer.name = 'prodigy' with run.parallel = 'fsdp' is not supported yet (its d sums "
+                          "over every parameter and a rank holds only its shards); use run.parallel = 'ddp'")
 
 
 def units_of(model: torch.nn.Module, patterns: list[str] | None = None) -> list[torch.nn.Module]:

@@ -57,8 +57,8 @@ class _Scalars(dict):
 
 
 class Prodigy(torch.optim.Optimizer):
-    """Prodigy with prodigyopt 1.1.2's names and defaults (no slice_p: every entry counts, no
-    fsdp_in_use: the sums are the ranks' own, ref_torch's FSDP gathers whole tensors)."""
+    """Prodigy with prodigyopt 1.1.2's names and defaults (no slice_p: every entry counts; no
+    fsdp_in_use: FSDP refuses Prodigy, DDP's ranks hold every parameter and the same sums)."""
 
     def __init__(self, params: Any, lr: float = 1.0, betas: tuple[float, float] = (0.9, 0.999),
                  beta3: float | None = None, eps: float = 1e-8, weight_decay: float = 0.0,

@@ -261,3 +261,15 @@ def test_the_optax_snippet_s_transform_is_the_oracle_s_through_an_early_return()
                 np.testing.assert_allclose(np.asarray(p[k]), want["params"][t][k], rtol=0, atol=1e-12)
         assert float(st["d"]) == pytest.approx(float(want["state"][-1]["enc.weight"]["d"]), rel=1e-12)
         assert float(st["k"]) == 5.0 and float(st["d"]) > 1e-3
+
+
+def test_fsdp_refuses_prodigy_naming_both_fields() -> None:
+    """A rank holds only its shards, and Prodigy's d sums over every parameter: refused before
+    anything runs, pointing at ddp (where two ranks equal one process: measured 3e-16). Control:
+    AdamW passes the same check."""
+    from ref_torch import _fsdp
+
+    config = load_config({"optimizer": {"name": "prodigy"}, "run": {"parallel": "fsdp", "device": "cpu"}})
+    with pytest.raises(ConfigError, match=r"^optimizer\.name = 'prodigy' with run\.parallel = 'fsdp' .* 'ddp'$"):
+        _fsdp.check(config)
+    _fsdp.check(load_config({"optimizer": {"name": "adamw"}, "run": {"parallel": "fsdp", "device": "cpu"}}))
