@@ -198,7 +198,9 @@ def test_the_torch_snippet_carries_the_twin_s_prodigy_with_its_groups() -> None:
 
 def test_optax_native_exports_optax_s_one_d_under_the_neutral_names() -> None:
     """optax.contrib.prodigy's estim_lr is d and, uncapped, d_max; its numerator and count are
-    d_numerator and k; the trajectory equals the oracle's on the bias-corrected case (PR-BC)."""
+    d_numerator and k; the trajectory equals the oracle's on the bias-corrected case (PR-BC).
+    d_numerator sums ⟨g, p0 − p⟩ with p 1e-3 from p0 at |p| ≈ 1, so its rounding is ~1e-16 / 1e-3
+    relative: measured 5.8e-14, under the 1e-12 bound; d, d_max and k are equal."""
     case = CASES["optimizer/prodigyopt-prodigy-bias-corrected"]
     assert run_case(case, Backend("optax-native")).passed
     inputs = tomllib.loads(case.path.read_text())["inputs"]
