@@ -50,7 +50,7 @@ def _total(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 class _Scalars(dict):
     # 0-d factors by (name, dtype), each computed once per update
-    def get(self, name: Any, dtype: torch.dtype, make: Any) -> torch.Tensor:  # type: ignore[override]
+    def of(self, name: Any, dtype: torch.dtype, make: Any) -> torch.Tensor:
         if (name, dtype) not in self:
             self[name, dtype] = make().to(dtype)
         return self[name, dtype]
@@ -121,9 +121,9 @@ class Prodigy(torch.optim.Optimizer):
                 dots.append(torch.dot(grad.flatten(), (_work(state["p0"]) - pw).flatten()))
                 dt = grad.dtype  # the moments and sums move before prodigyopt's early return: in place
                 if m is not None:
-                    m.mul_(b1).addcmul_(grad, scalars.get("c1", dt, lambda: d * (1 - b1)))
-                v.mul_(b2).addcmul_(grad, grad * scalars.get("c2", dt, lambda: d * d * (1 - b2)))
-                s.mul_(b3).addcmul_(grad, scalars.get("rate", dt, lambda: rate))
+                    m.mul_(b1).addcmul_(grad, scalars.of("c1", dt, lambda: d * (1 - b1)))
+                v.mul_(b2).addcmul_(grad, grad * scalars.of("c2", dt, lambda: d * d * (1 - b2)))
+                s.mul_(b3).addcmul_(grad, scalars.of("rate", dt, lambda: rate))
                 sums.append(torch.linalg.vector_norm(s, 1))  # Σ|s|, no temporary
             work.append((group, p, pw, state, grad, m, v, s))
         numerator = (d / d0) * dlr * _total(dots, device)
@@ -140,17 +140,17 @@ class Prodigy(torch.optim.Optimizer):
         # p + m/(denom/(−dlr)): addcdiv without a Python number (dlr = 0: m/∞ = 0, p stays); β1 = 0: d·g, new d
         for group, p, pw, state, grad, m, v, s in work:
             dt, wd, eps = grad.dtype, group["weight_decay"], group["eps"]
-            state["step"] += scalars.get("go", state["step"].dtype, lambda: go)
+            state["step"] += scalars.of("go", state["step"].dtype, lambda: go)
             if group["decouple"] and wd != 0:  # p + (−wd·dlr)·p, prodigyopt's add_(p, alpha=−wd·dlr)
-                pw.addcmul_(pw, scalars.get(("decay", wd), dt, lambda: -wd * moved))
-            denom = v.sqrt().add_(scalars.get(("eps", eps), dt, lambda: shared["d"] * eps))
-            step = scalars.get(("step", m is None), dt, lambda: -moved if m is not None else -moved * shared["d"])
+                pw.addcmul_(pw, scalars.of(("decay", wd), dt, lambda: -wd * moved))
+            denom = v.sqrt().add_(scalars.of(("eps", eps), dt, lambda: shared["d"] * eps))
+            step = scalars.of(("step", m is None), dt, lambda: -moved if m is not None else -moved * shared["d"])
             pw.addcdiv_(m if m is not None else grad, denom.div_(step))
             for held, value in ((p, pw), (state.get("exp_avg"), m), (state["exp_avg_sq"], v), (state["s"], s)):
                 if held is not None and value is not held:  # half precision: rounded once per update
                     held.copy_(value)
         for st in (self.state[p] for g in self.param_groups for p in g["params"] if self.state.get(p)):
-            st.update({key: scalars.get(key, st[key].dtype, lambda: value) for key, value in shared.items()})
+            st.update({key: scalars.of(key, st[key].dtype, lambda: value) for key, value in shared.items()})
         return loss
 
 
